@@ -1,0 +1,73 @@
+"""The environment contract every domain implements (TextWorld, ALFWorld, SWE).
+
+    env.reset(task) -> Observation
+    env.step(action_text) -> (Observation, reward, done, info)
+
+``info`` always carries ``won`` (bool), ``invalid_action`` (bool) and ``state_key`` (an int that is
+equal exactly when the true environment states are equal; GiGPO and GAGPO group steps by it), plus
+``score``/``max_score`` where the env keeps a score and ``expert_action`` where it has an expert.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+from typing import Any
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """A named, reproducible task: the env family, the split, and an id or seed within it."""
+
+    env: str
+    split: str
+    id: str
+    params: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.env}/{self.split}/{self.id}"
+
+    def param(self, key: str, default: Any = None) -> Any:
+        return dict(self.params).get(key, default)
+
+
+@dataclasses.dataclass(frozen=True)
+class Observation:
+    """What the agent is shown after a reset or a step.
+
+    Attributes:
+      objective: the task's goal, in words.
+      text: what the agent sees now (room description, command output).
+      inventory: what the agent carries, where the env has an inventory.
+      feedback: the env's answer to the last command ('' after a reset).
+      admissible_commands: the valid commands, where the env can list them.
+    """
+
+    objective: str
+    text: str
+    inventory: str = ""
+    feedback: str = ""
+    admissible_commands: tuple[str, ...] | None = None
+
+
+class Env(abc.ABC):
+    """A text environment. Implementations must be picklable-free of live engine state until reset."""
+
+    @abc.abstractmethod
+    def reset(self, task: Task) -> Observation:
+        """Starts ``task`` and returns the first observation."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """Applies one action (any text, even malformed) and returns (obs, reward, done, info)."""
+
+    def close(self) -> None:
+        """Frees engine resources. Safe to call twice."""
+
+
+def stable_key(*parts: Any) -> int:
+    """A process-independent 63-bit integer key of ``parts`` (Python's hash() is salted per run)."""
+    digest = hashlib.blake2b(repr(parts).encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF

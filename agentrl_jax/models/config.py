@@ -1,0 +1,110 @@
+"""Model configuration and presets for Qwen2-family decoders."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Qwen2-family decoder.
+
+    Attributes mirror Hugging Face's ``Qwen2Config`` (see ``from_hf_dict``); ``dtype`` is the
+    compute dtype (bf16 on accelerators, f32 on CPU), ``param_dtype`` the storage dtype, and
+    ``remat`` rematerialises each decoder layer in the backward pass to save activation memory.
+    """
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 1_000_000.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    max_position_embeddings: int = 32768
+    dtype: Any = jnp.float32
+    param_dtype: Any = jnp.float32
+    remat: bool = False
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
+                f"{self.num_kv_heads} (grouped-query attention)"
+            )
+
+    def replace(self, **kwargs) -> ModelConfig:
+        return dataclasses.replace(self, **kwargs)
+
+    @property
+    def num_params(self) -> int:
+        d, f, h, kv, hd = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+        )
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d + (h + 2 * kv) * hd
+        layer = attn + 3 * d * f + 2 * d
+        emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + emb + d
+
+
+PRESETS: dict[str, ModelConfig] = {
+    # A few million parameters: the CPU default, sized for the built-in tokenizer's vocabulary.
+    "tiny": ModelConfig(
+        vocab_size=2048,
+        hidden_size=256,
+        intermediate_size=688,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        rope_theta=10_000.0,
+        max_position_embeddings=4096,
+    ),
+    "qwen2.5-0.5b": ModelConfig(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        head_dim=64,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": ModelConfig(
+        vocab_size=151936,
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_layers=28,
+        num_heads=12,
+        num_kv_heads=2,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "qwen2.5-7b": ModelConfig(
+        vocab_size=152064,
+        hidden_size=3584,
+        intermediate_size=18944,
+        num_layers=28,
+        num_heads=28,
+        num_kv_heads=4,
+        head_dim=128,
+        tie_word_embeddings=False,
+    ),
+}
+
+
+def preset(name: str, **overrides) -> ModelConfig:
+    """Returns the named preset, with ``overrides`` applied (e.g. ``dtype=jnp.bfloat16``)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; valid presets: {sorted(PRESETS)}")
+    return PRESETS[name].replace(**overrides)

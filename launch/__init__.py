@@ -1,0 +1,1 @@
+"""Thin command-line entry points; the logic lives in ``agentrl_jax``."""

@@ -1,0 +1,48 @@
+"""agentrl_jax: JAX-native multi-turn RL for LLM agents."""
+
+from setuptools import find_packages, setup
+
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "chex==0.1.92",
+    "transformers==5.24.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "grain==0.2.18",
+    "absl-py==2.5.1",
+    "tensorboard==2.21.0",
+    "ml-collections==1.1.0",
+    "numpy>=2.0,<3",
+    "tqdm>=4.66",
+    "textworld[pddl]==1.7.0",
+    "alfworld==0.4.2",
+    "matplotlib>=3.8",
+    "psutil>=5.9",
+]
+
+EXTRAS = {
+    "test": [
+        "pytest==9.0.3",
+        "pytest-timeout>=2.3",
+        "ruff==0.17.5",
+        "torch==2.13.0",
+        "nbclient==0.11.0",
+        "nbformat>=5.10",
+        "ipykernel>=6.29",
+    ],
+    "docker": ["docker>=7.0"],
+}
+
+setup(
+    name="agentrl_jax",
+    version="0.1.0",
+    description="JAX-native multi-turn reinforcement learning for LLM agents.",
+    python_requires=">=3.11",
+    packages=find_packages(include=["agentrl_jax", "agentrl_jax.*", "launch", "launch.*"]),
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
