@@ -53,7 +53,7 @@ class Observation:
 
 
 class Env(abc.ABC):
-    """A text environment. Implementations must be picklable-free of live engine state until reset."""
+    """A text environment: one episode at a time, driven by text actions."""
 
     @abc.abstractmethod
     def reset(self, task: Task) -> Observation:
@@ -63,7 +63,7 @@ class Env(abc.ABC):
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         """Applies one action (any text, even malformed) and returns (obs, reward, done, info)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Frees engine resources. Safe to call twice."""
 
 

@@ -1,0 +1,1 @@
+"""The training system: rollouts, SFT and RL trainers, checkpoints and metrics."""

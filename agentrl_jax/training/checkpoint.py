@@ -1,0 +1,133 @@
+"""Orbax checkpoints of the whole training state: keep the last k and the best, asynchronously.
+
+A checkpoint holds two items: ``state`` (a pytree of arrays: params, optimizer states, value model,
+step, RNG) and ``meta`` (JSON: curriculum state, data-iterator state, anything host-side). Orbax
+writes each step into a temporary directory and renames it when complete, so a crash or a failure
+mid-write leaves the previous checkpoint intact and loadable.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from orbax.checkpoint import checkpoint_managers as cm
+
+
+class Checkpointer:
+    """Saves and restores training state under ``directory``.
+
+    Args:
+      directory: where step directories live (created if missing).
+      keep_last: how many of the most recent checkpoints to keep.
+      keep_best: how many of the best checkpoints (by ``best_metric``) to keep besides those.
+      best_metric: the metric that ranks checkpoints; a checkpoint saved without it ranks last.
+      best_mode: 'max' or 'min'.
+      async_save: write in a background thread (``wait()`` blocks until written).
+    """
+
+    def __init__(
+        self,
+        directory: str,
+        *,
+        keep_last: int = 3,
+        keep_best: int = 1,
+        best_metric: str = "eval/success_rate",
+        best_mode: str = "max",
+        async_save: bool = True,
+    ):
+        if best_mode not in ("max", "min"):
+            raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
+        if keep_last < 1:
+            raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+        self.directory = os.path.abspath(directory)
+        self.best_metric = best_metric
+        self._worst = -math.inf if best_mode == "max" else math.inf
+        policies = [cm.LatestN(n=keep_last)]
+        if keep_best > 0:
+            policies.append(
+                cm.BestN(
+                    get_metric_fn=lambda m: m.get(best_metric, self._worst),
+                    reverse=best_mode == "min",  # BestN keeps the tail of the sorted list
+                    n=keep_best,
+                )
+            )
+        options = ocp.CheckpointManagerOptions(
+            preservation_policy=cm.AnyPreservationPolicy(policies),
+            # best_fn also makes orbax store each step's metrics (read by best_step()).
+            best_fn=lambda m: m.get(best_metric, self._worst),
+            best_mode=best_mode,
+            enable_async_checkpointing=async_save,
+            create=True,
+        )
+        self._manager = ocp.CheckpointManager(
+            self.directory, options=options, item_names=("state", "meta")
+        )
+
+    def save(
+        self, step: int, state: Any, meta: dict[str, Any], metrics: dict[str, float] | None = None
+    ) -> None:
+        """Starts writing ``state`` and ``meta`` as checkpoint ``step``."""
+        metrics = {k: float(v) for k, v in (metrics or {}).items()}
+        value = metrics.get(self.best_metric, self._worst)
+        if not math.isfinite(value):
+            value = self._worst
+        metrics[self.best_metric] = value
+        self._manager.save(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+            ),
+            metrics=metrics,
+        )
+
+    def latest_step(self) -> int | None:
+        return self._manager.latest_step()
+
+    def all_steps(self) -> list[int]:
+        return list(self._manager.all_steps())
+
+    def best_step(self) -> int | None:
+        """The kept step with the best ``best_metric``, or None when nothing is saved."""
+        return self._manager.best_step()
+
+    def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+        """Restores checkpoint ``step`` into the structure, shapes and shardings given.
+
+        ``abstract_state`` is a pytree of arrays or ``jax.ShapeDtypeStruct`` (with ``sharding``),
+        e.g. from ``jax.eval_shape``; each array is read straight into its sharded layout.
+        """
+        abstract = jax.tree.map(_as_abstract, abstract_state)
+        restored = self._manager.restore(
+            step,
+            args=ocp.args.Composite(
+                state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()
+            ),
+        )
+        return restored.state, dict(restored.meta)
+
+    def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
+        """(step, state, meta) of the newest complete checkpoint, or None when there is none."""
+        step = self.latest_step()
+        if step is None:
+            return None
+        state, meta = self.restore(step, abstract_state)
+        return step, state, meta
+
+    def wait(self) -> None:
+        self._manager.wait_until_finished()
+
+    def close(self) -> None:
+        self._manager.wait_until_finished()
+        self._manager.close()
+
+
+def _as_abstract(x):
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if isinstance(x, jax.Array):
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)
+    return x
