@@ -1,0 +1,153 @@
+"""Trajectories as the rollout records them, and their assembly into padded training arrays.
+
+A :class:`Step` holds the exact ids the model was fed before acting (``prompt_ids``), the ids it
+sampled (``action_ids``) with their log-probs, and what the environment answered. Two context modes
+decide what ``prompt_ids`` is:
+
+- whole-episode: the ids appended since the previous action (the first step's include the system
+  prompt); the concatenation over steps is the one sequence the model read, so the episode is one
+  training row with environment tokens masked out of the loss.
+- step-wise: the full context of this step (objective plus the last k turns, rebuilt from the
+  stored ids of those turns, never re-encoded); each step is its own training row.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from agentrl_jax.envs.base import Task
+
+
+@dataclasses.dataclass
+class Step:
+    prompt_ids: list[int]
+    action_ids: list[int]
+    action_logprobs: list[float]
+    reward: float = 0.0
+    state_key: int = 0
+    done: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One episode of one task instance; ``group`` is shared by rollouts of the same instance."""
+
+    task: Task
+    group: int
+    steps: list[Step] = dataclasses.field(default_factory=list)
+    won: bool = False
+    truncated: bool = False
+    infra_failure: bool = False
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(s.reward for s in self.steps))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(s.prompt_ids) + len(s.action_ids) for s in self.steps)
+
+
+@dataclasses.dataclass
+class TokenRows:
+    """Padded token rows for a forward pass and the loss.
+
+    Attributes:
+      tokens: [R, T] int32 ids (pad_id on padding).
+      mask: [R, T] 1 on real tokens.
+      loss_mask: [R, T] 1 on sampled (action) tokens.
+      step_ids: [R, T] int32 step index of each action token, -1 elsewhere.
+      old_logprobs: [R, T] float32 the sampler's log-probs on action tokens, 0 elsewhere.
+      traj_index: [R] which trajectory each row came from.
+    """
+
+    tokens: np.ndarray
+    mask: np.ndarray
+    loss_mask: np.ndarray
+    step_ids: np.ndarray
+    old_logprobs: np.ndarray
+    traj_index: np.ndarray
+
+
+@dataclasses.dataclass
+class StepArrays:
+    """Per-step arrays of B trajectories padded to S steps (what the kernels' Batch reads)."""
+
+    rewards: np.ndarray  # [B, S] float32
+    step_mask: np.ndarray  # [B, S] float32
+    state_keys: np.ndarray  # [B, S] int64
+    group_ids: np.ndarray  # [B] int64
+
+
+def step_arrays(trajs: list[Trajectory], num_steps: int) -> StepArrays:
+    """Per-step rewards, masks and state keys, padded to ``num_steps``."""
+    b = len(trajs)
+    rewards = np.zeros((b, num_steps), np.float32)
+    step_mask = np.zeros((b, num_steps), np.float32)
+    state_keys = np.zeros((b, num_steps), np.int64)
+    for i, traj in enumerate(trajs):
+        n = len(traj.steps)
+        if n > num_steps:
+            raise ValueError(f"trajectory {i} has {n} steps; the batch holds {num_steps}")
+        rewards[i, :n] = [s.reward for s in traj.steps]
+        step_mask[i, :n] = 1.0
+        state_keys[i, :n] = [s.state_key for s in traj.steps]
+    groups = np.asarray([t.group for t in trajs], np.int64)
+    return StepArrays(rewards, step_mask, state_keys, groups)
+
+
+def episode_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRows:
+    """Whole-episode mode: one row per trajectory, the concatenation of all its steps' ids."""
+    rows = _alloc(len(trajs), seq_len, pad_id)
+    for i, traj in enumerate(trajs):
+        pos = 0
+        for s, step in enumerate(traj.steps):
+            pos = _put(rows, i, pos, step.prompt_ids, None, None, seq_len, i)
+            pos = _put(rows, i, pos, step.action_ids, s, step.action_logprobs, seq_len, i)
+        rows.traj_index[i] = i
+    return rows
+
+
+def step_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRows:
+    """Step-wise mode: one row per step (its full context, then its action); step id is 0."""
+    total = sum(len(t.steps) for t in trajs)
+    rows = _alloc(total, seq_len, pad_id)
+    r = 0
+    for i, traj in enumerate(trajs):
+        for step in traj.steps:
+            pos = _put(rows, r, 0, step.prompt_ids, None, None, seq_len, i)
+            _put(rows, r, pos, step.action_ids, 0, step.action_logprobs, seq_len, i)
+            rows.traj_index[r] = i
+            r += 1
+    return rows
+
+
+def _alloc(num_rows: int, seq_len: int, pad_id: int) -> TokenRows:
+    return TokenRows(
+        tokens=np.full((num_rows, seq_len), pad_id, np.int32),
+        mask=np.zeros((num_rows, seq_len), np.float32),
+        loss_mask=np.zeros((num_rows, seq_len), np.float32),
+        step_ids=np.full((num_rows, seq_len), -1, np.int32),
+        old_logprobs=np.zeros((num_rows, seq_len), np.float32),
+        traj_index=np.zeros((num_rows,), np.int32),
+    )
+
+
+def _put(rows, r, pos, ids, step, logprobs, seq_len, traj):
+    n = len(ids)
+    if pos + n > seq_len:
+        raise ValueError(
+            f"trajectory {traj} needs {pos + n} tokens; the batch rows hold {seq_len} "
+            "(the rollout truncates episodes to the configured max_seq_len)"
+        )
+    rows.tokens[r, pos : pos + n] = ids
+    rows.mask[r, pos : pos + n] = 1.0
+    if step is not None:
+        rows.loss_mask[r, pos : pos + n] = 1.0
+        rows.step_ids[r, pos : pos + n] = step
+        rows.old_logprobs[r, pos : pos + n] = logprobs
+    return pos + n
