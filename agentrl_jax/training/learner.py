@@ -1,0 +1,262 @@
+"""The pure, jitted update: ``train_step(state, batch) -> (state, metrics)``.
+
+One function serves SFT (cross-entropy on the agent's tokens) and RL (the configured policy loss,
+value loss for critic-based estimators, KL to the frozen reference policy, entropy bonus and the
+ENVRL auxiliary losses). Actor and critic have separate optax optimizers and learning rates. The
+state is donated: its buffers are reused for the new state, so an update never holds two copies
+of the parameters and optimizer moments.
+
+Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
+and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
+line up with the token they score; column 0 (never an action token) is 0.
+
+A non-finite loss or gradient leaves the parameters and optimizer states unchanged (the update is
+skipped inside jit) and reports ``train/skipped_nonfinite = 1``; the trainer logs it and never
+checkpoints a state whose last update was skipped for that reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from agentrl_jax import kernels
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything an update changes. Graph definitions and optimizers live in the Learner."""
+
+    step: jax.Array
+    policy: Any  # nnx.State of the policy's parameters
+    policy_opt: Any
+    value: Any = None  # nnx.State of the value model, or None without a critic
+    value_opt: Any = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LossWeights:
+    """Coefficients of the total loss. ``kl`` multiplies the KL-to-reference loss term."""
+
+    value: float = 0.5
+    kl: float = 0.0
+    entropy: float = 0.0
+
+
+def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
+    """[B, T] log pi(tokens[t] | tokens[<t]) from logits [B, T, V]; column 0 is 0."""
+    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+    taken = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(taken, ((0, 0), (1, 0)))
+
+
+def shift_right(x_bt: jax.Array) -> jax.Array:
+    """Aligns a per-position quantity read at t - 1 with token t (column 0 becomes 0)."""
+    return jnp.pad(x_bt[:, :-1], ((0, 0), (1, 0)))
+
+
+class Learner:
+    """Builds the jitted train steps for a policy (and optional value model).
+
+    Args:
+      policy: the policy module (its graph definition is kept; its state seeds ``init``).
+      value_model: the critic module or None.
+      actor_tx, critic_tx: optax transformations (separate learning rates).
+      loss_config: kernels.LossConfig of the policy/value/KL/entropy losses.
+      policy_loss: registered policy-loss name (``kernels.get_policy_loss``).
+      weights: LossWeights.
+      envrl: kernels.EnvrlConfig or None.
+    """
+
+    def __init__(
+        self,
+        policy: nnx.Module,
+        value_model: nnx.Module | None,
+        actor_tx: optax.GradientTransformation,
+        critic_tx: optax.GradientTransformation | None = None,
+        *,
+        loss_config: kernels.LossConfig | None = None,
+        policy_loss: str = "ppo",
+        weights: LossWeights | None = None,
+        envrl: Any = None,
+    ):
+        self.policy_graphdef, _ = nnx.split(policy)
+        self.value_graphdef = None if value_model is None else nnx.split(value_model)[0]
+        self.actor_tx = actor_tx
+        self.critic_tx = critic_tx
+        self.loss_config = loss_config or kernels.LossConfig()
+        self.policy_loss_fn = kernels.get_policy_loss(policy_loss)
+        self.weights = weights or LossWeights()
+        self.envrl = envrl
+        # Donating the state lets XLA write the new parameters and moments into the old buffers.
+        self.sft_step = jax.jit(self._sft_step, donate_argnums=0)
+        self.rl_step = jax.jit(self._rl_step, donate_argnums=0)
+        self.policy_logprobs = jax.jit(self._policy_logprobs)
+        self.values = jax.jit(self._values)
+
+    # ---------------------------------------------------------------- state
+
+    def init(self, policy: nnx.Module, value_model: nnx.Module | None = None) -> TrainState:
+        policy_state = nnx.state(policy, nnx.Param)
+        value_state = None if value_model is None else nnx.state(value_model, nnx.Param)
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            policy=policy_state,
+            policy_opt=self.actor_tx.init(policy_state),
+            value=value_state,
+            value_opt=None if value_state is None else self.critic_tx.init(value_state),
+        )
+
+    def policy_module(self, state: TrainState) -> nnx.Module:
+        return nnx.merge(self.policy_graphdef, state.policy)
+
+    # ---------------------------------------------------------------- forward passes
+
+    def _policy_logprobs(self, policy_state, batch):
+        model = nnx.merge(self.policy_graphdef, policy_state)
+        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
+        return token_logprobs(logits, batch["tokens"])
+
+    def _values(self, value_state, batch):
+        model = nnx.merge(self.value_graphdef, value_state)
+        return shift_right(model(batch["tokens"], mask_bt=batch["mask"]))
+
+    # ---------------------------------------------------------------- losses
+
+    def _sft_loss(self, policy_state, batch):
+        model = nnx.merge(self.policy_graphdef, policy_state)
+        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
+        logp = token_logprobs(logits, batch["tokens"])
+        nll = kernels.aggregate(-logp, batch["loss_mask"], "token_mean")
+        return nll.value, {"sft/nll": nll.value, "sft/tokens": nll.denominator}
+
+    def _rl_loss(self, params, batch):
+        policy_state, value_state = params
+        cfg, w = self.loss_config, self.weights
+        model = nnx.merge(self.policy_graphdef, policy_state)
+        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
+        logp = token_logprobs(logits, batch["tokens"])
+        mask = batch["loss_mask"]
+        pg, pg_metrics = self.policy_loss_fn(
+            logp,
+            batch["old_logprobs"],
+            batch["advantages"],
+            mask,
+            step_ids=batch["step_ids"],
+            config=cfg,
+        )
+        total = pg.value
+        metrics = {"losses/policy_loss": pg.value}
+        metrics.update({f"losses/{k}": v.value for k, v in pg_metrics.items()})
+
+        entropy = shift_right(kernels.entropy_from_logits(logits))
+        ent = kernels.entropy_bonus(entropy, mask, cfg.aggregation)
+        metrics["losses/entropy"] = ent.value
+        if w.entropy:
+            total = total - w.entropy * ent.value
+
+        if "ref_logprobs" in batch:
+            kl = kernels.kl_loss(logp, batch["ref_logprobs"], mask, config=cfg)
+            metrics["losses/kl_ref"] = kl.value
+            if w.kl:
+                total = total + w.kl * kl.value
+
+        if value_state is not None:
+            vmodel = nnx.merge(self.value_graphdef, value_state)
+            values = shift_right(vmodel(batch["tokens"], mask_bt=batch["mask"]))
+            vf, vf_metrics = kernels.value_loss(
+                values, batch["old_values"], batch["returns"], mask, config=cfg
+            )
+            total = total + w.value * vf.value
+            metrics["losses/value_loss"] = vf.value
+            metrics.update({f"losses/{k}": v.value for k, v in vf_metrics.items()})
+            metrics["losses/explained_variance"] = kernels.explained_variance(
+                values, batch["returns"], mask
+            )
+
+        if self.envrl is not None and "aux_tokens" in batch:
+            aux = self._envrl_loss(model, batch)
+            total = total + aux["weighted"]
+            metrics.update(aux["metrics"])
+        metrics["losses/total"] = total
+        return total, metrics
+
+    def _envrl_loss(self, model, batch):
+        """ENVRL state-prediction and inverse-dynamics losses on the policy's own LM head."""
+        cfg = self.envrl
+        out, metrics = 0.0, {}
+        for kind, w0 in (("sp", cfg.sp_weight), ("id", cfg.id_weight)):
+            tokens, tmask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_target_mask"]
+            logits, _ = model(tokens, mask_bt=batch[f"aux_{kind}_mask"])
+            nll = kernels.aggregate(-token_logprobs(logits, tokens), tmask, "token_mean")
+            weight = kernels.cosine_weight(w0, batch["iteration"], cfg.horizon)
+            out = out + weight * nll.value
+            metrics[f"envrl/{kind}_loss"] = nll.value
+            metrics[f"envrl/{kind}_weight"] = weight
+        return {"weighted": out, "metrics": metrics}
+
+    # ---------------------------------------------------------------- updates
+
+    def _sft_step(self, state: TrainState, batch):
+        (loss, metrics), grads = jax.value_and_grad(self._sft_loss, has_aux=True)(
+            state.policy, batch
+        )
+        policy, policy_opt, ok, gnorm = _apply(
+            self.actor_tx, loss, grads, state.policy, state.policy_opt
+        )
+        metrics.update({"train/grad_norm": gnorm, "train/skipped_nonfinite": 1.0 - ok})
+        new = state.replace(step=state.step + 1, policy=policy, policy_opt=policy_opt)
+        return new, metrics
+
+    def _rl_step(self, state: TrainState, batch):
+        params = (state.policy, state.value)
+        (loss, metrics), (g_pol, g_val) = jax.value_and_grad(self._rl_loss, has_aux=True)(
+            params, batch
+        )
+        finite = jnp.isfinite(loss) & _all_finite(g_pol)
+        if state.value is not None:
+            finite = finite & _all_finite(g_val)
+        policy, policy_opt, _, gnorm = _apply(
+            self.actor_tx, loss, g_pol, state.policy, state.policy_opt, finite
+        )
+        metrics["train/grad_norm"] = gnorm
+        value, value_opt = state.value, state.value_opt
+        if state.value is not None:
+            value, value_opt, _, vnorm = _apply(
+                self.critic_tx, loss, g_val, state.value, state.value_opt, finite
+            )
+            metrics["train/value_grad_norm"] = vnorm
+        metrics["train/skipped_nonfinite"] = 1.0 - finite.astype(jnp.float32)
+        new = state.replace(
+            step=state.step + 1,
+            policy=policy,
+            policy_opt=policy_opt,
+            value=value,
+            value_opt=value_opt,
+        )
+        return new, metrics
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def _apply(tx, loss, grads, params, opt_state, finite=None):
+    """One optimizer update, skipped (params and moments kept) when anything is non-finite."""
+    if finite is None:
+        finite = jnp.isfinite(loss) & _all_finite(grads)
+    gnorm = optax.global_norm(grads)
+    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
+    updates, new_opt = tx.update(safe_grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+    new_params = jax.tree.map(keep, new_params, params)
+    new_opt = jax.tree.map(keep, new_opt, opt_state)
+    return new_params, new_opt, finite.astype(jnp.float32), gnorm
