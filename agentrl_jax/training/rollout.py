@@ -1,0 +1,226 @@
+"""Batched multi-turn rollouts: environments in the actor pool, the policy in the sampler.
+
+Token-in, token-out. Each observation is rendered to text and encoded once, as it is fed to the
+model (``ChatTemplate.turn_ids``); the actions are the sampler's own ids. The environment receives
+decoded text, but nothing trained on is ever re-encoded from decoded text.
+
+Context modes:
+
+- ``episode``: one KV cache per episode kept across turns; each turn prefills only the new
+  observation ids. An episode whose next turn would not fit ``max_seq_len`` (its prompt plus
+  ``max_new_tokens``) ends there, marked ``truncated``.
+- ``step``: every turn starts a fresh context: the system prompt, then the stored ids of the
+  last ``history_turns`` turns (observation and action, as they were first encoded), then the
+  new observation. Oldest turns are dropped first until the context fits ``max_seq_len``
+  (``truncated`` is then set on the step's info as ``context_truncated``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import numpy as np
+
+from agentrl_jax.envs.base import Observation, Task
+from agentrl_jax.sampling import SamplingParams
+from agentrl_jax.training.chat import ChatTemplate
+from agentrl_jax.training.trajectory import Step, Trajectory
+
+CONTEXT_MODES = ("episode", "step")
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig:
+    """Attributes:
+    group_size: G rollouts per task instance (they share a group id).
+    max_turns: environment steps per episode at most.
+    max_new_tokens: tokens per action at most.
+    max_seq_len: tokens one context may hold (the episode in ``episode`` mode).
+    context_mode: 'episode' or 'step'.
+    history_turns: k, the turns kept in a step-wise context.
+    system_prompt: text before the first observation.
+    show_admissible: list the admissible commands in each observation.
+    """
+
+    group_size: int = 1
+    max_turns: int = 10
+    max_new_tokens: int = 16
+    max_seq_len: int = 1024
+    context_mode: str = "episode"
+    history_turns: int = 2
+    system_prompt: str = "You are playing a text game. Reply with one command."
+    show_admissible: bool = True
+
+    def __post_init__(self):
+        if self.context_mode not in CONTEXT_MODES:
+            raise ValueError(
+                f"rollout.context_mode is {self.context_mode!r}; expected one of {CONTEXT_MODES}"
+            )
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_seq_len"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name} is {getattr(self, name)}; expected >= 1")
+
+
+def render_observation(obs: Observation, *, first: bool, show_admissible: bool) -> str:
+    """The text the agent reads for one turn."""
+    parts = []
+    if first:
+        parts.append(f"Goal: {obs.objective}")
+        parts.append(obs.text)
+    else:
+        parts.append(obs.feedback or obs.text)
+    if obs.inventory:
+        parts.append(f"Inventory: {obs.inventory}")
+    if show_admissible and obs.admissible_commands:
+        parts.append("Commands: " + " | ".join(obs.admissible_commands))
+    return "\n".join(p.strip() for p in parts if p and p.strip())
+
+
+class RolloutWorker:
+    """Runs episodes of a batch of tasks with a sampler and an actor pool."""
+
+    def __init__(self, pool, sampler, tokenizer, template: ChatTemplate, config: RolloutConfig):
+        self.pool = pool
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.template = template
+        self.config = config
+        self.system_ids = template.system_ids(tokenizer, config.system_prompt)
+
+    def _obs_ids(self, obs: Observation, first: bool) -> list[int]:
+        text = render_observation(obs, first=first, show_admissible=self.config.show_admissible)
+        return self.template.turn_ids(self.tokenizer, text, first=first)
+
+    def run(
+        self,
+        tasks: list[Task],
+        rng: jax.Array,
+        *,
+        sampling: SamplingParams | None = None,
+        group_offset: int = 0,
+    ) -> list[Trajectory]:
+        """Plays ``group_size`` episodes of every task; returns them in task-major order."""
+        cfg = self.config
+        episodes = [t for t in tasks for _ in range(cfg.group_size)]
+        trajs = [
+            Trajectory(task=t, group=group_offset + i // cfg.group_size)
+            for i, t in enumerate(episodes)
+        ]
+        results = self.pool.reset(episodes)
+        live = []  # per episode: still playing
+        pending_ids: list[list[int]] = []
+        history: list[list[list[int]]] = [[] for _ in episodes]  # step mode: per-turn ids
+        for i, res in enumerate(results):
+            if res.infra_failure:
+                trajs[i].infra_failure = True
+                live.append(False)
+                pending_ids.append([])
+                continue
+            live.append(True)
+            pending_ids.append(self._obs_ids(res.observation, first=True))
+            trajs[i].steps.append(_empty_step(res.info))
+
+        cache = None
+        if cfg.context_mode == "episode":
+            cache = self.sampler.start(len(episodes), cfg.max_seq_len)
+        used = np.zeros(len(episodes), np.int64)
+
+        for turn in range(cfg.max_turns):
+            if not any(live):
+                break
+            feed = []
+            for i in range(len(episodes)):
+                if not live[i]:
+                    feed.append([])
+                    continue
+                if cfg.context_mode == "episode":
+                    ids = (self.system_ids if turn == 0 else []) + pending_ids[i]
+                    if used[i] + len(ids) + cfg.max_new_tokens > cache.size:
+                        trajs[i].truncated = True
+                        trajs[i].steps.pop()  # the observation that did not fit gets no action
+                        live[i] = False
+                        feed.append([])
+                        continue
+                    feed.append(ids)
+                else:
+                    feed.append(self._step_context(history[i], pending_ids[i], trajs[i]))
+            if not any(feed):
+                break
+            if cfg.context_mode == "step":
+                cache = self.sampler.start(len(episodes), cfg.max_seq_len)
+            out = self.sampler.step_turn(
+                cache, feed, cfg.max_new_tokens, jax.random.fold_in(rng, turn), sampling=sampling
+            )
+            cache = out.cache if cfg.context_mode == "episode" else None
+            actions_ids = out.token_lists()
+            logprobs = np.asarray(out.policy_logprobs)
+            actions: list[str | None] = []
+            for i in range(len(episodes)):
+                if not feed[i]:
+                    actions.append(None)
+                    continue
+                step = trajs[i].steps[-1]
+                step.prompt_ids = feed[i]
+                step.action_ids = actions_ids[i]
+                step.action_logprobs = logprobs[i, : len(actions_ids[i])].tolist()
+                used[i] += len(feed[i]) + len(actions_ids[i])
+                if cfg.context_mode == "step":
+                    history[i].append(pending_ids[i] + actions_ids[i])
+                actions.append(self._decode_action(actions_ids[i]))
+            results = self.pool.step(actions)
+            for i, res in enumerate(results):
+                if res is None:
+                    continue
+                step = trajs[i].steps[-1]
+                if res.infra_failure:
+                    trajs[i].infra_failure = True
+                    live[i] = False
+                    continue
+                step.reward = float(res.reward)
+                step.done = bool(res.done)
+                step.info = {**step.info, **_step_info(res.info)}
+                if res.done:
+                    trajs[i].won = bool(res.info.get("won", False))
+                    live[i] = False
+                    continue
+                pending_ids[i] = self._obs_ids(res.observation, first=False)
+                trajs[i].steps.append(_empty_step(res.info))
+        for i, traj in enumerate(trajs):
+            # Episodes still running at max_turns: the last observation got no action.
+            if live[i] and traj.steps and not traj.steps[-1].action_ids:
+                traj.steps.pop()
+                traj.truncated = True
+        return trajs
+
+    def _step_context(self, history, obs_ids, traj) -> list[int]:
+        """System prompt + the last k turns (stored ids) + the new observation, fitted to size."""
+        cfg = self.config
+        keep = history[-cfg.history_turns :] if cfg.history_turns else []
+        budget = cfg.max_seq_len - cfg.max_new_tokens - len(self.system_ids) - len(obs_ids)
+        while keep and sum(len(t) for t in keep) > budget:
+            keep = keep[1:]
+            traj.steps[-1].info["context_truncated"] = True
+        if budget < 0:
+            raise ValueError(
+                f"an observation of {len(obs_ids)} tokens does not fit rollout.max_seq_len="
+                f"{cfg.max_seq_len} with max_new_tokens={cfg.max_new_tokens}"
+            )
+        return self.system_ids + [t for turn in keep for t in turn] + obs_ids
+
+    def _decode_action(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def _empty_step(info) -> Step:
+    return Step(
+        prompt_ids=[],
+        action_ids=[],
+        action_logprobs=[],
+        state_key=int(info.get("state_key", 0)),
+        info={"expert_action": info.get("expert_action")},
+    )
+
+
+def _step_info(info) -> dict:
+    return {k: info[k] for k in ("won", "invalid_action", "score", "max_score") if k in info}

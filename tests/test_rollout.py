@@ -1,0 +1,183 @@
+"""Rollouts are token-in, token-out: the batch holds exactly the ids the model read and sampled."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+from agentrl_jax.envs.actors import StepResult
+from agentrl_jax.envs.base import Observation, Task
+from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models.tokenizer import build_tokenizer
+from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+from agentrl_jax.training.chat import get_template
+from agentrl_jax.training.learner import Learner
+from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker, render_observation
+from agentrl_jax.training.trajectory import episode_rows, step_arrays, step_rows
+
+TEXTS = [
+    "Goal: open the chest and take the coin. You are in a kitchen. There is a door to the north.",
+    "go north | open chest | take coin | look | inventory | examine table",
+    "You open the chest. You take the coin. Nothing happens. That's not a verb I recognise.",
+] * 20
+
+
+class ScriptedPool:
+    """An in-process stand-in for ActorPool: each episode ends after ``length`` steps."""
+
+    def __init__(self, lengths):
+        self.lengths = lengths
+        self.t = []
+
+    def _obs(self, i):
+        t = self.t[i]
+        return Observation(
+            objective="take the coin",
+            text=f"room {t}",
+            feedback=f"you did step {t}",
+            admissible_commands=("go north", "take coin"),
+        )
+
+    def reset(self, tasks):
+        self.t = [0] * len(tasks)
+        return [
+            StepResult(self._obs(i), info={"state_key": 100, "expert_action": "go north"})
+            for i in range(len(tasks))
+        ]
+
+    def step(self, actions):
+        out = []
+        for i, a in enumerate(actions):
+            if a is None:
+                out.append(None)
+                continue
+            self.t[i] += 1
+            done = self.t[i] >= self.lengths[i % len(self.lengths)]
+            info = {"won": done, "state_key": 100 + self.t[i]}
+            out.append(StepResult(self._obs(i), reward=1.0 if done else 0.0, done=done, info=info))
+        return out
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    tok = build_tokenizer(TEXTS, 320, tmp_path_factory.mktemp("tok"))
+    cfg = preset(
+        "tiny",
+        vocab_size=320,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+    )
+    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    template = get_template("plain")
+    sampler = Sampler(
+        policy,
+        sampling=SamplingParams(temperature=1.0),
+        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
+        pad_id=tok.pad_token_id,
+    )
+    return tok, policy, template, sampler
+
+
+def _rollout(setup, mode, lengths=(2, 3), max_turns=4, max_seq_len=512):
+    tok, policy, template, sampler = setup
+    cfg = RolloutConfig(
+        group_size=2,
+        max_turns=max_turns,
+        max_new_tokens=6,
+        max_seq_len=max_seq_len,
+        context_mode=mode,
+        history_turns=1,
+    )
+    worker = RolloutWorker(ScriptedPool(lengths), sampler, tok, template, cfg)
+    tasks = [Task("scripted", "train", "a"), Task("scripted", "train", "b")]
+    return worker.run(tasks, jax.random.key(0)), worker
+
+
+def test_episode_rows_hold_exactly_what_the_model_read_and_sampled(setup):
+    tok, policy, template, sampler = setup
+    trajs, worker = _rollout(setup, "episode")
+    assert [t.group for t in trajs] == [0, 0, 1, 1]
+    assert [len(t.steps) for t in trajs] == [2, 3, 2, 3]
+    assert all(t.won for t in trajs)
+    rows = episode_rows(trajs, 512, tok.pad_token_id)
+    for r, traj in enumerate(trajs):
+        expected = [i for s in traj.steps for i in s.prompt_ids + s.action_ids]
+        n = len(expected)
+        assert rows.tokens[r, :n].tolist() == expected
+        assert rows.mask[r, n:].sum() == 0
+        # The first step's prompt starts with the system prompt, encoded once.
+        assert traj.steps[0].prompt_ids[: len(worker.system_ids)] == worker.system_ids
+        # Loss mask and step ids cover exactly the sampled ids, step by step.
+        acted = rows.tokens[r][rows.loss_mask[r] > 0].tolist()
+        assert acted == [i for s in traj.steps for i in s.action_ids]
+        steps = rows.step_ids[r][rows.loss_mask[r] > 0].tolist()
+        assert steps == [k for k, s in enumerate(traj.steps) for _ in s.action_ids]
+    arrays = step_arrays(trajs, 4)
+    assert arrays.rewards.tolist()[1] == [0.0, 0.0, 1.0, 0.0]
+    assert arrays.state_keys[1, :3].tolist() == [100, 101, 102]
+
+
+def test_sampler_logprobs_equal_the_learners_teacher_forced_logprobs(setup):
+    tok, policy, template, sampler = setup
+    trajs, _ = _rollout(setup, "episode")
+    rows = episode_rows(trajs, 512, tok.pad_token_id)
+    learner = Learner(policy, None, optax.sgd(0.0))
+    state = learner.init(policy)
+    batch = {"tokens": rows.tokens, "mask": rows.mask}
+    logp = np.asarray(learner.policy_logprobs(state.policy, batch))
+    on = rows.loss_mask > 0
+    np.testing.assert_allclose(logp[on], rows.old_logprobs[on], atol=1e-5, rtol=0)
+
+
+def test_lossy_round_trip_text_cannot_change_what_is_trained(setup):
+    tok, *_ = setup
+    trajs, _ = _rollout(setup, "episode")
+    rows = episode_rows(trajs, 512, tok.pad_token_id)
+    lossy = 0
+    for r, traj in enumerate(trajs):
+        for step in traj.steps:
+            ids = step.action_ids
+            reencoded = tok.encode(tok.decode(ids), add_special_tokens=False)
+            lossy += reencoded != ids
+        acted = rows.tokens[r][rows.loss_mask[r] > 0].tolist()
+        assert acted == [i for s in traj.steps for i in s.action_ids]
+    # A random policy emits token sequences that the tokenizer would never produce, so decoding
+    # and re-encoding would have changed the training data; the batch keeps the sampled ids.
+    assert lossy > 0
+
+
+def test_step_mode_rebuilds_context_from_stored_ids(setup):
+    tok, *_ = setup
+    trajs, worker = _rollout(setup, "step", lengths=(3,))
+    rows = step_rows(trajs, 512, tok.pad_token_id)
+    assert rows.tokens.shape[0] == sum(len(t.steps) for t in trajs)
+    first, second, third = trajs[0].steps
+    # A step's context is system + the last turn (its observation and action, as first
+    # encoded) + the new observation: rebuilt from stored ids, never re-encoded.
+    assert first.prompt_ids[: len(worker.system_ids)] == worker.system_ids
+    head = first.prompt_ids + first.action_ids
+    assert second.prompt_ids[: len(head)] == head
+    # history_turns=1: step 2 keeps step 1's turn but not step 0's.
+    turn1 = second.prompt_ids[len(head) :] + second.action_ids
+    assert (
+        third.prompt_ids
+        == worker.system_ids + turn1 + third.prompt_ids[len(worker.system_ids) + len(turn1) :]
+    )
+    assert third.prompt_ids[len(worker.system_ids) : len(worker.system_ids) + len(turn1)] == turn1
+
+
+def test_episode_that_outgrows_the_context_is_truncated(setup):
+    trajs, _ = _rollout(setup, "episode", lengths=(50,), max_turns=50, max_seq_len=96)
+    assert all(t.truncated and not t.won for t in trajs)
+    assert all(len(t.steps) >= 1 and all(s.action_ids for s in t.steps) for t in trajs)
+
+
+def test_render_observation_lists_commands():
+    obs = Observation(objective="win", text="a room", admissible_commands=("look", "go east"))
+    text = render_observation(obs, first=True, show_admissible=True)
+    assert text.splitlines() == ["Goal: win", "a room", "Commands: look | go east"]
