@@ -1,0 +1,450 @@
+"""A fault-tolerant pool of env worker processes behind a batched reset/step API.
+
+    with ActorPool("textworld", {"max_steps": 50}, num_workers=2, envs_per_worker=4) as pool:
+        pending = pool.reset_async(tasks)        # workers start resetting now ...
+        ...                                      # ... while the learner does other work
+        results = pending.result()               # list[StepResult], one per task
+        results = pool.step(["go north", ...])   # one action per episode (None: skip it)
+
+Episode ``i`` of a batch lives in slot ``i``; slots are spread round-robin over the workers
+(slot ``i`` -> worker ``i % num_workers``), so even a small batch uses every worker. Each worker
+owns ``envs_per_worker`` envs built through the registry by name, so any registered family
+(TextWorld, ALFWorld, SWE) runs here; the pool knows nothing about any of them.
+
+Faults: a worker that dies (segfault, ``os._exit``, OOM kill) or sends nothing for
+``step_timeout_s`` (``reset_timeout_s`` for a reset) is killed and restarted. Every live episode
+it held is lost: its result in the current call, or its next step if it was not stepped, comes
+back with ``infra_failure=True`` and ``done=True`` so the trainer can drop it from the update.
+An env that raises an exception fails only that episode (the worker lives on). ``pool.metrics``
+counts all of it. Results never depend on which worker ran an episode, so a pool is as
+deterministic as its envs.
+
+Shutdown: ``close()`` (also on ``with`` exit and at interpreter exit) asks each worker to stop,
+then kills the stragglers; workers ignore SIGINT (the parent decides) and exit by themselves if
+the parent process disappears, so no orphans are left behind.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import multiprocessing as mp
+import multiprocessing.connection as mp_connection
+import os
+import signal
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl_jax.envs import registry
+from agentrl_jax.envs.base import Observation, Task
+
+
+@dataclasses.dataclass
+class StepResult:
+    """One episode's answer to a reset or a step.
+
+    Attributes:
+      observation: the env's observation (None when the episode failed or was skipped).
+      reward: the step reward (0.0 after a reset).
+      done: the episode ended (won, lost, step limit, or infrastructure failure).
+      info: the env's info dict (``won``, ``state_key``, ... see ``agentrl_jax.envs.base``).
+      infra_failure: the episode was lost to a worker crash, hang or env exception; leave it out
+        of the update (it says nothing about the policy).
+      error: what went wrong, when ``infra_failure``.
+    """
+
+    observation: Observation | None
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    infra_failure: bool = False
+    error: str | None = None
+
+
+def _failure(error: str) -> StepResult:
+    return StepResult(observation=None, done=True, infra_failure=True, error=error)
+
+
+class PendingResets:
+    """Resets sent to the workers and not yet collected; ``result()`` waits for them."""
+
+    def __init__(self, pool: ActorPool, episodes: int):
+        self._pool = pool
+        self._episodes = episodes
+        self._results: list[StepResult] | None = None
+
+    def result(self) -> list[StepResult]:
+        """Waits for every reset and returns one StepResult per task, in task order."""
+        if self._results is None:
+            self._results = self._pool._collect(self, self._episodes)
+        return self._results
+
+
+class _Worker:
+    """The parent's handle on one worker process."""
+
+    def __init__(self, ctx, index: int, env_path: str, env_kwargs: dict, num_envs: int):
+        self.index = index
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child_conn, env_path, env_kwargs, num_envs, os.getpid()),
+            name=f"agentrl-env-worker-{index}",
+            daemon=True,
+        )
+        self.process.start()
+        # The parent must drop its copy of the child's end: otherwise a dead worker's pipe never
+        # reports EOF and a crash would look like a hang.
+        child_conn.close()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        if not self.conn.poll(timeout_s):
+            raise RuntimeError(f"env worker {self.index} did not start within {timeout_s:.0f} s")
+        try:
+            kind, payload = self.conn.recv()
+        except (EOFError, OSError) as e:
+            raise RuntimeError(
+                f"env worker {self.index} died while building its envs (exit code "
+                f"{self.process.exitcode})"
+            ) from e
+        if kind != "ready":
+            raise RuntimeError(f"env worker {self.index} could not build its envs:\n{payload}")
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=10)
+        self.conn.close()
+
+    def stop(self, timeout_s: float) -> None:
+        with contextlib.suppress(OSError, ValueError):  # Already dead or closed.
+            self.conn.send(("close", None))
+        self.process.join(timeout=timeout_s)
+        self.kill()
+
+
+class ActorPool:
+    """N worker processes, each owning several envs, stepped in batches.
+
+    Args:
+      env_name: a registered env name (``agentrl_jax.envs.registry``) or a "module:attr" path.
+      env_kwargs: keyword arguments for the env factory, the same in every worker.
+      num_workers: worker processes (default: the core count).
+      envs_per_worker: envs each worker owns; the pool holds ``num_workers * envs_per_worker``
+        episodes at once.
+      step_timeout_s: a worker silent this long during a step is declared hung and restarted
+        (the clock restarts at each result it sends, so this bounds one env step).
+      reset_timeout_s: the same bound for one reset.
+      start_timeout_s: how long a worker may take to start and build its envs.
+      mp_context: "forkserver" (default) or "spawn"; never "fork", which is unsafe once JAX or
+        any other threaded library is loaded in the parent.
+    """
+
+    def __init__(
+        self,
+        env_name: str,
+        env_kwargs: dict[str, Any] | None = None,
+        *,
+        num_workers: int | None = None,
+        envs_per_worker: int = 1,
+        step_timeout_s: float = 60.0,
+        reset_timeout_s: float = 120.0,
+        start_timeout_s: float = 120.0,
+        mp_context: str = "forkserver",
+    ):
+        if mp_context not in ("forkserver", "spawn"):
+            raise ValueError(f"mp_context={mp_context!r}: expected 'forkserver' or 'spawn'")
+        self.num_workers = num_workers or os.cpu_count() or 1
+        if self.num_workers < 1 or envs_per_worker < 1:
+            raise ValueError(
+                f"num_workers={self.num_workers} and envs_per_worker={envs_per_worker} "
+                "must both be >= 1"
+            )
+        self.envs_per_worker = envs_per_worker
+        self.capacity = self.num_workers * envs_per_worker
+        self.step_timeout_s = step_timeout_s
+        self.reset_timeout_s = reset_timeout_s
+        self.start_timeout_s = start_timeout_s
+        self._env_path = registry.resolve(env_name)  # Raises on an unknown name, here.
+        self._env_kwargs = dict(env_kwargs or {})
+        self._ctx = mp.get_context(mp_context)
+        self.metrics: dict[str, float] = {
+            "resets": 0,
+            "steps": 0,
+            "infra_failures": 0,
+            "worker_crashes": 0,
+            "worker_hangs": 0,
+            "worker_restarts": 0,
+            "env_exceptions": 0,
+            "reset_wait_s": 0.0,
+            "step_wait_s": 0.0,
+        }
+        self._workers: list[_Worker] = []
+        self._closed = False
+        # Per-episode state of the current batch.
+        self._alive: list[bool] = []
+        self._lost: list[str | None] = []
+        self._pending: PendingResets | None = None
+        self._pending_op: tuple[str, dict[int, Any], float] | None = None
+        try:
+            for w in range(self.num_workers):
+                self._workers.append(self._start_worker(w, wait=False))
+            for worker in self._workers:
+                worker.wait_ready(self.start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+        # A weak reference: the exit hook must not keep a forgotten pool alive.
+        self_ref = weakref.ref(self)
+        self._atexit = lambda: (p := self_ref()) is not None and p.close()
+        atexit.register(self._atexit)
+
+    # ----------------------------------------------------------------------------- public API
+
+    def reset_async(self, tasks: Sequence[Task]) -> PendingResets:
+        """Starts resetting one env per task and returns at once (collect with ``.result()``).
+
+        Episode ``i`` of the new batch is ``tasks[i]``; the previous batch is forgotten.
+        """
+        self._check_open()
+        if self._pending is not None:
+            raise RuntimeError("collect the pending resets (.result()) before starting new ones")
+        if not 0 < len(tasks) <= self.capacity:
+            raise ValueError(
+                f"got {len(tasks)} tasks; the pool holds 1..{self.capacity} episodes "
+                f"({self.num_workers} workers x {self.envs_per_worker} envs)"
+            )
+        self._alive = [True] * len(tasks)
+        self._lost = [None] * len(tasks)
+        self._send("reset", dict(enumerate(tasks)), self.reset_timeout_s)
+        self._pending = PendingResets(self, len(tasks))
+        return self._pending
+
+    def reset(self, tasks: Sequence[Task]) -> list[StepResult]:
+        """Resets one env per task and waits: one StepResult per task (observation set)."""
+        return self.reset_async(tasks).result()
+
+    def step(self, actions: Sequence[str | None]) -> list[StepResult | None]:
+        """Steps every episode whose action is not None; returns one result per episode.
+
+        Args:
+          actions: one entry per episode of the current batch (the tasks of the last reset);
+            None skips an episode (it is done, or the policy has nothing for it yet).
+
+        Returns:
+          A list as long as ``actions``: a StepResult for each stepped episode, None where the
+          action was None.
+        """
+        self._check_open()
+        if self._pending is not None:
+            raise RuntimeError("collect the pending resets (.result()) before stepping")
+        if len(actions) != len(self._alive):
+            raise ValueError(
+                f"got {len(actions)} actions for a batch of {len(self._alive)} episodes"
+            )
+        items, out = {}, [None] * len(actions)
+        for ep, action in enumerate(actions):
+            if action is None:
+                continue
+            if self._lost[ep] is not None:
+                out[ep] = _failure(self._lost[ep])
+                self._alive[ep] = False
+                self._lost[ep] = None
+                self.metrics["infra_failures"] += 1
+            elif not self._alive[ep]:
+                raise ValueError(f"episode {ep} is done; pass None as its action")
+            else:
+                items[ep] = action
+        if items:
+            t0 = time.perf_counter()
+            self._send("step", items, self.step_timeout_s)
+            for ep, result in self._gather().items():
+                out[ep] = result
+            self.metrics["step_wait_s"] += time.perf_counter() - t0
+        return out
+
+    def close(self) -> None:
+        """Stops every worker (asks, then kills after a grace period). Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for worker in self._workers:
+            worker.stop(timeout_s=5.0)
+        self._workers = []
+        if getattr(self, "_atexit", None) is not None:
+            atexit.unregister(self._atexit)
+
+    def worker_pids(self) -> list[int]:
+        """Process ids of the live workers (for tests and monitoring)."""
+        return [w.process.pid for w in self._workers]
+
+    def __enter__(self) -> ActorPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):  # Never raise from a finalizer.
+            self.close()
+
+    # ------------------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the actor pool is closed")
+
+    def _start_worker(self, index: int, *, wait: bool = True) -> _Worker:
+        worker = _Worker(self._ctx, index, self._env_path, self._env_kwargs, self.envs_per_worker)
+        if wait:
+            worker.wait_ready(self.start_timeout_s)
+        return worker
+
+    def _locate(self, episode: int) -> tuple[int, int]:
+        return episode % self.num_workers, episode // self.num_workers
+
+    def _send(self, kind: str, items: dict[int, Any], timeout_s: float) -> None:
+        by_worker: dict[int, list[tuple[int, Any]]] = {}
+        for ep, payload in items.items():
+            w, local = self._locate(ep)
+            by_worker.setdefault(w, []).append((local, payload))
+        self._pending_op = (kind, items, timeout_s)
+        for w, batch in by_worker.items():
+            # A dead worker fails the send: _gather then sees EOF on its pipe and restarts it.
+            with contextlib.suppress(OSError, ValueError):
+                self._workers[w].conn.send((kind, batch))
+
+    def _collect(self, pending: PendingResets, episodes: int) -> list[StepResult]:
+        if pending is not self._pending:
+            raise RuntimeError("these resets were superseded or already collected")
+        t0 = time.perf_counter()
+        try:
+            results = self._gather()
+        finally:
+            self._pending = None
+        self.metrics["reset_wait_s"] += time.perf_counter() - t0
+        return [results[ep] for ep in range(episodes)]
+
+    def _gather(self) -> dict[int, StepResult]:
+        """Collects the answers to the op in flight, restarting workers that crash or hang."""
+        kind, items, timeout_s = self._pending_op
+        self._pending_op = None
+        waiting: dict[int, set[int]] = {}
+        for ep in items:
+            w, _ = self._locate(ep)
+            waiting.setdefault(w, set()).add(ep)
+        results: dict[int, StepResult] = {}
+        deadline = {w: time.monotonic() + timeout_s for w in waiting}
+        while waiting:
+            conns = {self._workers[w].conn: w for w in waiting}
+            timeout = max(0.0, min(deadline[w] for w in waiting) - time.monotonic())
+            for conn in mp_connection.wait(list(conns), timeout=timeout):
+                w = conns[conn]
+                try:
+                    local, result = conn.recv()
+                except (EOFError, OSError):
+                    self.metrics["worker_crashes"] += 1
+                    self._replace_worker(w, waiting.pop(w), results, "crashed", kind)
+                    continue
+                ep = local * self.num_workers + w
+                results[ep] = result
+                waiting[w].discard(ep)
+                deadline[w] = time.monotonic() + timeout_s
+                if not waiting[w]:
+                    del waiting[w]
+            now = time.monotonic()
+            for w in [w for w in waiting if deadline[w] <= now]:
+                self.metrics["worker_hangs"] += 1
+                self._replace_worker(w, waiting.pop(w), results, f"hung > {timeout_s:g} s", kind)
+        for ep, result in results.items():
+            if result.infra_failure:
+                self.metrics["infra_failures"] += 1
+                if (result.error or "").startswith("env raised"):
+                    self.metrics["env_exceptions"] += 1
+            if result.done:
+                self._alive[ep] = False
+        self.metrics["resets" if kind == "reset" else "steps"] += len(items)
+        return results
+
+    def _replace_worker(
+        self, w: int, unanswered: set[int], results: dict[int, StepResult], why: str, kind: str
+    ) -> None:
+        """Kills and restarts worker ``w``; every live episode it held is lost."""
+        self._workers[w].kill()
+        self._workers[w] = self._start_worker(w)
+        self.metrics["worker_restarts"] += 1
+        error = f"worker {w} {why} during {kind}; restarted"
+        for ep in range(w, len(self._alive), self.num_workers):
+            if ep in unanswered or ep in results:
+                # Answered before the crash or not: the env state behind it is gone either way.
+                results[ep] = _failure(error)
+            elif self._alive[ep]:
+                self._lost[ep] = error  # Reported on its next step.
+
+
+# ------------------------------------------------------------------------------ worker side
+
+
+def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pid: int) -> None:
+    """A worker's loop: build envs, then answer ("reset"|"step", [(local, payload)]) messages.
+
+    Each item is answered by its own message as soon as it is done, which lets the parent time
+    every env step separately.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
+    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    try:
+        factory = registry.load_factory(env_path)
+        envs = [factory(**env_kwargs) for _ in range(num_envs)]
+    except Exception:  # noqa: BLE001 - reported to the parent, which raises it.
+        conn.send(("error", traceback.format_exc()))
+        return
+    conn.send(("ready", None))
+    while True:
+        try:
+            kind, batch = conn.recv()
+        except (EOFError, OSError, KeyboardInterrupt):
+            break
+        if kind == "close":
+            break
+        for local, payload in batch:
+            result = _run_one(envs, local, kind, payload, factory, env_kwargs)
+            try:
+                conn.send((local, result))
+            except (OSError, ValueError):
+                return
+    for env in envs:
+        with contextlib.suppress(Exception):  # Best effort on the way out.
+            env.close()
+
+
+def _run_one(envs, local: int, kind: str, payload, factory, env_kwargs) -> StepResult:
+    try:
+        if kind == "reset":
+            return StepResult(observation=envs[local].reset(payload))
+        obs, reward, done, info = envs[local].step(payload)
+        return StepResult(observation=obs, reward=float(reward), done=bool(done), info=info)
+    except Exception as e:  # noqa: BLE001 - one episode fails, the worker lives on.
+        # The env may be half-updated: replace it so the next reset starts clean.
+        with contextlib.suppress(Exception):
+            envs[local].close()
+        envs[local] = factory(**env_kwargs)
+        tb = traceback.format_exc(limit=-3)
+        return _failure(f"env raised {type(e).__name__}: {e}\n{tb}")
+
+
+def _exit_when_orphaned(parent_pid: int) -> None:
+    """Ends the worker if the parent process is gone (killed -9 before it could close us)."""
+    while True:
+        time.sleep(1.0)
+        try:
+            os.kill(parent_pid, 0)
+        except ProcessLookupError:
+            os._exit(0)
+        except PermissionError:
+            pass  # The pid exists (reused by another user's process would be odd; keep going).

@@ -1,0 +1,432 @@
+"""Advantage estimators: gae, grpo, rloo, reinforce_pp, gigpo, gagpo.
+
+Each has two layers:
+
+- an array function (``token_gae``, ``grpo_advantages``, ...) of plain padded arrays, pure and
+  jit-friendly, for users who want one kernel without the rest;
+- a registered estimator ``fn(batch, config, *, values=None, kl=None) -> Advantages`` that checks
+  its inputs on the host and calls the array function under ``jax.jit`` (config static, so one
+  compilation per shape bucket and config).
+
+Shapes: B rows, T tokens, S steps (see ``batch.py``). Every estimator returns token advantages
+[B, T] (0 off agent tokens); step-level ones also return their [B, S] step advantages, and gae
+returns the critic's targets (returns = A + V).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from agentrl_jax.kernels.batch import Batch, check_token_array
+from agentrl_jax.kernels.config import AdvantageConfig
+from agentrl_jax.kernels.registry import register_advantage_estimator
+from agentrl_jax.kernels.segments import (
+    group_deviation,
+    group_normalize,
+    last_token_of_step,
+    reverse_discounted_sum,
+    steps_to_tokens,
+)
+
+# How many times each estimator has been traced (compiled): tests assert one per shape bucket.
+TRACE_COUNTS: collections.Counter[str] = collections.Counter()
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Advantages:
+    """What an estimator returns.
+
+    Attributes:
+      tokens: [B, T] advantage of every agent token (0 elsewhere): what the policy loss reads.
+      steps: [B, S] step advantages (step-level estimators), else None.
+      returns: [B, T] value targets A + V (gae), else None.
+    """
+
+    tokens: jax.Array
+    steps: jax.Array | None = None
+    returns: jax.Array | None = None
+
+
+# ----------------------------------------------------------------------------- array functions
+
+
+def token_rewards(
+    rewards: jax.Array,
+    step_ids: jax.Array,
+    loss_mask: jax.Array,
+    kl: jax.Array | None = None,
+    kl_coef: float = 0.0,
+) -> jax.Array:
+    """Places each step's reward on the last token of its action, minus an optional KL penalty.
+
+    r_tok[b, t] = rewards[b, k] if t is the last token of step k's action, else 0;
+    minus ``kl_coef * kl[b, t]`` on every agent token when ``kl`` is given.
+
+    Args:
+      rewards: [B, S]; step_ids, loss_mask: [B, T]; kl: optional [B, T] per-token KL estimate.
+      kl_coef: beta of the penalty.
+
+    Returns:
+      [B, T] token rewards (0 off agent tokens).
+    """
+    last = last_token_of_step(step_ids, loss_mask)
+    r = jnp.where(last, jnp.take_along_axis(rewards, jnp.maximum(step_ids, 0), axis=1), 0.0)
+    if kl is not None and kl_coef:
+        r = r - kl_coef * jnp.where(loss_mask > 0, jax.lax.stop_gradient(kl), 0.0)
+    return r
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "lam"))
+def token_gae(
+    rewards_bt: jax.Array, values_bt: jax.Array, mask_bt: jax.Array, *, gamma: float, lam: float
+) -> tuple[jax.Array, jax.Array]:
+    """Token-level GAE over agent tokens only, as a masked reverse ``lax.scan``.
+
+    For agent tokens t (mask 1), with t' the next agent token of the row (environment and padding
+    tokens in between are skipped, not treated as steps) and V(h_{t'}) = 0 past the last one::
+
+        delta_t = r_t + gamma * V(h_{t'}) - V(h_t)
+        A_t     = delta_t + gamma * lam * A_{t'}   ( = sum_l (gamma lam)^l delta_{t+l} )
+        R_t     = A_t + V(h_t)
+
+    Args:
+      rewards_bt: [B, T] token rewards (see :func:`token_rewards`).
+      values_bt: [B, T] critic values V(h_t).
+      mask_bt: [B, T] 1 on agent tokens.
+      gamma, lam: discount and GAE lambda.
+
+    Returns:
+      (advantages [B, T], returns [B, T]), 0 off agent tokens.
+    """
+    valid = mask_bt > 0
+
+    def step(carry, inputs):  # carry: (V, A) at the next agent token, each [B].
+        next_v, next_a = carry
+        r_t, v_t, m_t = inputs
+        delta = r_t + gamma * next_v - v_t
+        a_t = delta + gamma * lam * next_a
+        carry = (jnp.where(m_t, v_t, next_v), jnp.where(m_t, a_t, next_a))
+        return carry, jnp.where(m_t, a_t, 0.0)
+
+    zeros = jnp.zeros(rewards_bt.shape[:1], rewards_bt.dtype)
+    _, adv_tb = jax.lax.scan(
+        step, (zeros, zeros), (rewards_bt.T, values_bt.T, valid.T), reverse=True, unroll=1
+    )
+    adv = adv_tb.T
+    return adv, jnp.where(valid, adv + values_bt, 0.0)
+
+
+def episode_returns(rewards: jax.Array, step_mask: jax.Array) -> jax.Array:
+    """[B] undiscounted sum of the real steps' rewards."""
+    return jnp.sum(jnp.where(step_mask > 0, rewards, 0.0), axis=1)
+
+
+@functools.partial(jax.jit, static_argnames=("norm_by_std", "eps"))
+def grpo_advantages(
+    rewards: jax.Array,
+    step_mask: jax.Array,
+    group_ids: jax.Array,
+    *,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GRPO: A_i = (R_i - mean_g R) / (std_g R + eps), R the episode return, g the row's group.
+
+    Args:
+      rewards, step_mask: [B, S]; group_ids: [B] dense in [0, B).
+      norm_by_std: False gives R_i - mean_g R (no division).
+      eps: added to the unbiased group std.
+
+    Returns:
+      [B] episode advantages (0 on padding rows and in groups of one).
+    """
+    real = step_mask[:, 0] > 0
+    return group_normalize(
+        episode_returns(rewards, step_mask),
+        group_ids,
+        real,
+        rewards.shape[0],
+        norm_by_std=norm_by_std,
+        eps=eps,
+    )
+
+
+@jax.jit
+def rloo_advantages(rewards: jax.Array, step_mask: jax.Array, group_ids: jax.Array) -> jax.Array:
+    """RLOO: A_i = R_i - mean_{j in g, j != i} R_j (0 in groups of one).
+
+    Args:
+      rewards, step_mask: [B, S]; group_ids: [B] dense in [0, B).
+
+    Returns:
+      [B] episode advantages.
+    """
+    real = step_mask[:, 0] > 0
+    returns = episode_returns(rewards, step_mask)
+    _, shifted, count = group_deviation(returns, group_ids, real, rewards.shape[0])
+    total = jax.ops.segment_sum(shifted, group_ids, rewards.shape[0])[group_ids]
+    others = (total - shifted) / jnp.maximum(count - 1.0, 1.0)
+    return jnp.where(real & (count > 1), shifted - others, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "step_weight", "norm_by_std", "eps"))
+def gigpo_step_advantages(
+    rewards: jax.Array,
+    step_mask: jax.Array,
+    group_ids: jax.Array,
+    state_ids: jax.Array,
+    *,
+    gamma: float,
+    step_weight: float = 1.0,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GiGPO: episode-level group advantage + omega * step-level anchor-state advantage.
+
+        A^E_i    = norm_g(R_i)                      (GRPO over the rollout group g)
+        G_{i,t}  = sum_k gamma^k r_{i,t+k}          (discounted return of step t)
+        A^S_{i,t} = norm_{(g, s_{i,t})}(G_{i,t})     (over all steps of group g whose state key is
+                                                     s_{i,t}: the anchor-state group)
+        A_{i,t}  = A^E_i + omega * A^S_{i,t}
+
+    norm is (x - mean) / (std + eps), or x - mean when ``norm_by_std`` is False; a state seen once
+    in its group has A^S = 0.
+
+    Args:
+      rewards, step_mask: [B, S]; group_ids: [B]; state_ids: [B, S] dense (group, key) ids.
+      gamma: step discount; step_weight: omega; norm_by_std, eps: as in GRPO.
+
+    Returns:
+      [B, S] step advantages (0 on padded steps).
+    """
+    b, s = rewards.shape
+    episode = grpo_advantages(rewards, step_mask, group_ids, norm_by_std=norm_by_std, eps=eps)
+    returns = reverse_discounted_sum(rewards, step_mask, gamma)
+    step = group_normalize(
+        returns, state_ids, step_mask, b * s, norm_by_std=norm_by_std, eps=eps
+    )
+    return jnp.where(step_mask > 0, episode[:, None] + step_weight * step, 0.0)
+
+
+@functools.partial(jax.jit, static_argnames=("gamma", "lam", "normalize", "norm_by_std", "eps"))
+def gagpo_step_advantages(
+    rewards: jax.Array,
+    step_mask: jax.Array,
+    group_ids: jax.Array,
+    state_ids: jax.Array,
+    *,
+    gamma: float,
+    lam: float,
+    normalize: bool = True,
+    norm_by_std: bool = True,
+    eps: float = 1e-6,
+) -> jax.Array:
+    """GAGPO: critic-free GAE over environment steps with a state-grouped value proxy.
+
+        G_t     = r_t + gamma * G_{t+1}                 (G = 0 after the last step)
+        V(s)    = mean of G over all steps of the rollout group whose state key is s;
+                  V(terminal) = 0
+        delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        A       <- (A - mean_g A) / (std_g A + eps) over all real steps of rollout group g
+
+    Computed as delta_t = D_t - gamma * D_{t+1} with D_t = G_t - V(s_t) (substitute
+    r_t = G_t - gamma * G_{t+1}): the same number, but a state seen once has D = 0 exactly, so
+    its delta is exactly 0 in float32 too.
+
+    Args:
+      rewards, step_mask: [B, S]; group_ids: [B]; state_ids: [B, S] dense (group, key) ids.
+      gamma, lam: step discount and GAE lambda.
+      normalize: normalise A within each rollout group (False returns the raw A).
+      norm_by_std, eps: as in GRPO.
+
+    Returns:
+      [B, S] step advantages (0 on padded steps).
+    """
+    b, s = rewards.shape
+    returns = reverse_discounted_sum(rewards, step_mask, gamma)
+    dev, _, _ = group_deviation(returns, state_ids, step_mask, b * s)  # D_t, 0 on padding.
+    next_dev = jnp.concatenate([dev[:, 1:], jnp.zeros_like(dev[:, :1])], axis=1)
+    delta = dev - gamma * next_dev
+    adv = reverse_discounted_sum(delta, step_mask, gamma * lam)
+    if normalize:
+        rows = jnp.broadcast_to(group_ids[:, None], (b, s))
+        adv = group_normalize(adv, rows, step_mask, b, norm_by_std=norm_by_std, eps=eps)
+    return jnp.where(step_mask > 0, adv, 0.0)
+
+
+# ------------------------------------------------------------------- registered estimators
+
+
+def _counted_jit(name: str, impl):
+    def counted(*args, **kwargs):
+        TRACE_COUNTS[name] += 1  # Runs only while tracing, i.e. once per compilation.
+        return impl(*args, **kwargs)
+
+    return jax.jit(counted, static_argnames=("config",))
+
+
+def _check_inputs(
+    name: str, batch: Batch, config: AdvantageConfig, values, kl, needs_states: bool = False
+):
+    if not isinstance(batch, Batch):
+        raise ValueError(f"{name}: batch is a {type(batch).__name__}; expected a kernels.Batch")
+    if not isinstance(config, AdvantageConfig):
+        raise ValueError(
+            f"{name}: config is a {type(config).__name__}; expected a kernels.AdvantageConfig"
+        )
+    if values is not None:
+        check_token_array(f"{name}: values", values, batch)
+    if kl is not None:
+        check_token_array(f"{name}: kl", kl, batch)
+    if needs_states and batch.state_ids is None:
+        raise ValueError(
+            f"{name}: batch.state_ids is None; expected state keys (make_batch(state_keys=...))"
+        )
+
+
+def _no_kl_penalty(name: str, kl, config: AdvantageConfig) -> None:
+    if kl is not None and config.kl_coef:
+        raise ValueError(
+            f"{name}: kl_coef is {config.kl_coef} with kl given; expected kl_coef 0: {name} has "
+            "no token rewards to penalise, use the KL loss term (kernels.kl_loss) instead"
+        )
+
+
+def _gae_impl(batch: Batch, values, kl, config: AdvantageConfig) -> Advantages:
+    r = token_rewards(batch.rewards, batch.step_ids, batch.loss_mask, kl, config.kl_coef)
+    adv, ret = token_gae(r, values, batch.loss_mask, gamma=config.gamma, lam=config.lam)
+    return Advantages(tokens=adv, returns=ret)
+
+
+_gae_jit = _counted_jit("gae", _gae_impl)
+
+
+@register_advantage_estimator("gae", needs_values=True)
+def gae(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+    """Token-level GAE with a critic (PPO); see :func:`token_gae`. Needs ``values`` [B, T]."""
+    if values is None:
+        raise ValueError("gae: values is None; expected the critic's values, shape [B, T]")
+    _check_inputs("gae", batch, config, values, kl)
+    return _gae_jit(batch, jnp.asarray(values, jnp.float32), kl, config=config)
+
+
+def _reinforce_pp_impl(batch: Batch, kl, config: AdvantageConfig) -> Advantages:
+    r = token_rewards(batch.rewards, batch.step_ids, batch.loss_mask, kl, config.kl_coef)
+    returns = reverse_discounted_sum(r, batch.loss_mask, config.gamma)
+    zeros = jnp.zeros_like(batch.step_ids)
+    adv = group_normalize(
+        returns, zeros, batch.loss_mask, 1, norm_by_std=config.norm_by_std, eps=config.eps
+    )
+    return Advantages(tokens=adv)
+
+
+_reinforce_pp_jit = _counted_jit("reinforce_pp", _reinforce_pp_impl)
+
+
+@register_advantage_estimator("reinforce_pp")
+def reinforce_pp(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+    """REINFORCE++: token returns (with an optional KL reward penalty) whitened over the batch.
+
+        r_t = reward of the step on its action's last token - kl_coef * kl_t
+        G_t = r_t + gamma * G_{t'}            (t' the next agent token; env tokens skipped)
+        A_t = (G_t - mean G) / (std G + eps)  (over every agent token of the batch)
+    """
+    _check_inputs("reinforce_pp", batch, config, values, kl)
+    return _reinforce_pp_jit(batch, kl, config=config)
+
+
+def _grpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+    a = grpo_advantages(
+        batch.rewards,
+        batch.step_mask,
+        batch.group_ids,
+        norm_by_std=config.norm_by_std,
+        eps=config.eps,
+    )
+    steps = a[:, None] * batch.step_mask
+    return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
+
+
+_grpo_jit = _counted_jit("grpo", _grpo_impl)
+
+
+@register_advantage_estimator("grpo")
+def grpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+    """GRPO; see :func:`grpo_advantages`. Every token of a trajectory shares its advantage."""
+    _check_inputs("grpo", batch, config, values, kl)
+    _no_kl_penalty("grpo", kl, config)
+    return _grpo_jit(batch, config=config)
+
+
+def _rloo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+    a = rloo_advantages(batch.rewards, batch.step_mask, batch.group_ids)
+    steps = a[:, None] * batch.step_mask
+    return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
+
+
+_rloo_jit = _counted_jit("rloo", _rloo_impl)
+
+
+@register_advantage_estimator("rloo")
+def rloo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+    """RLOO; see :func:`rloo_advantages`."""
+    _check_inputs("rloo", batch, config, values, kl)
+    _no_kl_penalty("rloo", kl, config)
+    return _rloo_jit(batch, config=config)
+
+
+def _gigpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+    steps = gigpo_step_advantages(
+        batch.rewards,
+        batch.step_mask,
+        batch.group_ids,
+        batch.state_ids,
+        gamma=config.gamma,
+        step_weight=config.step_weight,
+        norm_by_std=config.norm_by_std,
+        eps=config.eps,
+    )
+    return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
+
+
+_gigpo_jit = _counted_jit("gigpo", _gigpo_impl)
+
+
+@register_advantage_estimator("gigpo")
+def gigpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+    """GiGPO; see :func:`gigpo_step_advantages`. Needs state keys in the batch."""
+    _check_inputs("gigpo", batch, config, values, kl, needs_states=True)
+    _no_kl_penalty("gigpo", kl, config)
+    return _gigpo_jit(batch, config=config)
+
+
+def _gagpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+    steps = gagpo_step_advantages(
+        batch.rewards,
+        batch.step_mask,
+        batch.group_ids,
+        batch.state_ids,
+        gamma=config.gamma,
+        lam=config.lam,
+        norm_by_std=config.norm_by_std,
+        eps=config.eps,
+    )
+    return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
+
+
+_gagpo_jit = _counted_jit("gagpo", _gagpo_impl)
+
+
+@register_advantage_estimator("gagpo")
+def gagpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+    """GAGPO; see :func:`gagpo_step_advantages`. Needs state keys in the batch."""
+    _check_inputs("gagpo", batch, config, values, kl, needs_states=True)
+    _no_kl_penalty("gagpo", kl, config)
+    return _gagpo_jit(batch, config=config)

@@ -1,0 +1,36 @@
+"""Entropy of the policy's token distribution, and the entropy bonus term."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from agentrl_jax.kernels.weighted import Weighted, aggregate
+
+
+def entropy_from_logits(logits: jax.Array) -> jax.Array:
+    """H(softmax(logits)) per position, in nats.
+
+    Args:
+      logits: [B, T, V].
+
+    Returns:
+      [B, T] entropies, computed in float32 (logsumexp - E_p[logits]).
+    """
+    logits = logits.astype(jnp.float32)
+    lse = jax.nn.logsumexp(logits, axis=-1)
+    probs = jax.nn.softmax(logits, axis=-1)
+    return lse - jnp.sum(probs * logits, axis=-1)
+
+
+def entropy_bonus(entropy: jax.Array, loss_mask: jax.Array, aggregation: str) -> Weighted:
+    """Mean entropy over agent tokens as numerator / denominator.
+
+    The trainer subtracts ``entropy_coef * bonus.value`` from the loss (maximising entropy).
+
+    Args:
+      entropy: [B, T] from :func:`entropy_from_logits`.
+      loss_mask: [B, T].
+      aggregation: as in :func:`weighted.aggregate`.
+    """
+    return aggregate(entropy, loss_mask, aggregation)

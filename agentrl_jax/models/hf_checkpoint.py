@@ -1,0 +1,570 @@
+"""Load and save Hugging Face Qwen2 / Qwen2.5 checkpoints (config.json + safetensors).
+
+Loading never builds the whole model on one device: the model is traced abstractly, each
+parameter's sharding comes from ``agentrl_jax.sharding``'s rules, and
+``jax.make_array_from_callback`` asks each device for just its own slice, which is read from the
+memory-mapped safetensors file (``safe_open(...).get_slice``), re-laid-out and cast on the host.
+
+Saving writes ``config.json`` and ``model.safetensors`` (or numbered shards plus
+``model.safetensors.index.json``) in Hugging Face's names and layouts, so transformers and vLLM can
+load a trained policy directly.
+
+Public API::
+
+    cfg = load_config(ckpt_dir)                              # ModelConfig from config.json
+    policy = load_hf_model(ckpt_dir, mesh=mesh)              # Qwen2ForCausalLM, already sharded
+    critic = load_hf_value_model(ckpt_dir, mesh=mesh)        # trunk from the checkpoint
+    save_hf_checkpoint(policy, out_dir, tokenizer=tok)       # transformers-loadable
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import pathlib
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save_file
+
+from agentrl_jax import sharding as sharding_lib
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2ValueModel
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+SUPPORTED_MODEL_TYPES = ("qwen2",)
+SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
+
+_log = logging.getLogger(__name__)
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory, its config.json or one of its tensors is not usable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json <-> ModelConfig
+
+
+def _read_json(path: pathlib.Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (expected a Hugging Face checkpoint file)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_dir(path: str | pathlib.Path) -> pathlib.Path:
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"checkpoint directory {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is not a directory")
+    return path
+
+
+def _rope_theta(hf: dict[str, Any], source: pathlib.Path | str) -> float:
+    """The RoPE base from either the legacy (``rope_theta``) or transformers-5 layout."""
+    params = hf.get("rope_parameters") or {}
+    legacy_scaling = hf.get("rope_scaling")
+    for field, block in (("rope_parameters", params), ("rope_scaling", legacy_scaling or {})):
+        kind = block.get("rope_type", block.get("type", "default"))
+        if kind != "default":
+            raise CheckpointError(
+                f"{source}: {field}.rope_type={kind!r} is not supported (only default RoPE)"
+            )
+    theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
+    return float(theta)
+
+
+def config_from_hf(
+    hf: dict[str, Any], *, source: pathlib.Path | str = CONFIG_FILE, **overrides
+) -> ModelConfig:
+    """A ModelConfig from a Hugging Face Qwen2 ``config.json`` dict.
+
+    Args:
+      hf: the parsed config.json.
+      source: where it came from, for error messages.
+      **overrides: ModelConfig fields to set (e.g. ``dtype``, ``param_dtype``, ``remat``).
+
+    Raises:
+      CheckpointError: for an unsupported model_type / architecture / attention variant, or a
+        missing or invalid field, naming the file, field and value.
+    """
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise CheckpointError(
+            f"{source}: model_type={model_type!r} is not supported; "
+            f"expected one of {list(SUPPORTED_MODEL_TYPES)}"
+        )
+    archs = hf.get("architectures") or list(SUPPORTED_ARCHITECTURES)
+    unsupported = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
+    if unsupported:
+        raise CheckpointError(
+            f"{source}: architectures={archs!r} is not supported; "
+            f"expected {list(SUPPORTED_ARCHITECTURES)}"
+        )
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(
+            f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' is supported"
+        )
+    if hf.get("use_sliding_window", False):
+        raise CheckpointError(
+            f"{source}: use_sliding_window=true is not supported (full attention only)"
+        )
+
+    def need_int(field: str, default: int | None = None) -> int:
+        value = hf.get(field, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CheckpointError(
+                f"{source}: field {field!r} must be a positive integer, got {value!r}"
+            )
+        return value
+
+    hidden, heads = need_int("hidden_size"), need_int("num_attention_heads")
+    kv_heads = need_int("num_key_value_heads", heads)
+    if hf.get("head_dim") is None and hidden % heads:
+        raise CheckpointError(
+            f"{source}: hidden_size={hidden} is not divisible by num_attention_heads={heads} "
+            "and no head_dim is given"
+        )
+    head_dim = need_int("head_dim", hidden // heads)
+    if heads % kv_heads:
+        raise CheckpointError(
+            f"{source}: num_attention_heads={heads} is not a multiple of "
+            f"num_key_value_heads={kv_heads}"
+        )
+    fields = dict(
+        vocab_size=need_int("vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=need_int("intermediate_size"),
+        num_layers=need_int("num_hidden_layers"),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rope_theta=_rope_theta(hf, source),
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        # Qwen2Config's own default is untied; checkpoints state it explicitly.
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_position_embeddings=need_int("max_position_embeddings", 32768),
+    )
+    fields.update(overrides)
+    return ModelConfig(**fields)
+
+
+def config_to_hf(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
+    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as Qwen2ForCausalLM."""
+    return {
+        "architectures": list(SUPPORTED_ARCHITECTURES),
+        "model_type": "qwen2",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        # Both layouts: transformers >= 5 reads rope_parameters, older readers rope_theta.
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "use_sliding_window": False,
+        "max_window_layers": cfg.num_layers,
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "use_cache": True,
+        # transformers >= 5 writes "dtype"; older readers (and vLLM) look for "torch_dtype".
+        "dtype": torch_dtype,
+        "torch_dtype": torch_dtype,
+    }
+
+
+def load_config(path: str | pathlib.Path, **overrides) -> ModelConfig:
+    """Reads ``<path>/config.json`` into a ModelConfig (``overrides`` as in ``config_from_hf``)."""
+    path = _check_dir(path)
+    return config_from_hf(_read_json(path / CONFIG_FILE), source=path / CONFIG_FILE, **overrides)
+
+
+# ---------------------------------------------------------------------------------------------
+# Name and layout mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorMap:
+    """How one of our parameters is stored in a Hugging Face checkpoint.
+
+    The HF tensor is viewed with each of its dims split into ``groups`` (e.g. q_proj.weight
+    [N*H, D] -> view [N, H, D] with groups ((N, H), (D,))); our parameter is
+    ``view.transpose(perm)``.
+    """
+
+    hf_name: str
+    groups: tuple[tuple[int, ...], ...]
+    perm: tuple[int, ...]
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        return tuple(math.prod(g) for g in self.groups)
+
+    @property
+    def view_shape(self) -> tuple[int, ...]:
+        return tuple(n for g in self.groups for n in g)
+
+    @property
+    def our_shape(self) -> tuple[int, ...]:
+        view = self.view_shape
+        return tuple(view[p] for p in self.perm)
+
+    def to_hf(self, ours: np.ndarray) -> np.ndarray:
+        """Our full array -> the HF tensor."""
+        return np.ascontiguousarray(ours.transpose(np.argsort(self.perm))).reshape(self.hf_shape)
+
+    def read(self, hf_slice: Any, index: tuple[slice, ...]) -> np.ndarray:
+        """Reads the part of our parameter at ``index`` from a safetensors slice handle.
+
+        Only the HF rows (and columns) the part needs are read: a leading view dim of each group
+        maps to a contiguous HF range; inner dims of a group are sliced after the read.
+        """
+        ours_shape = self.our_shape
+        index = tuple(index) + (slice(None),) * (len(ours_shape) - len(index))
+        view_ranges: list[tuple[int, int]] = [(0, 0)] * len(ours_shape)
+        for i, p in enumerate(self.perm):
+            start, stop, step = index[i].indices(ours_shape[i])
+            assert step == 1, "shards are contiguous"
+            view_ranges[p] = (start, stop)
+        hf_index, inner, local_view = [], [], []
+        v = 0
+        for group in self.groups:
+            rest = math.prod(group[1:])
+            start, stop = view_ranges[v]
+            hf_index.append(slice(start * rest, stop * rest))
+            local_view.extend((stop - start, *group[1:]))
+            inner.append(slice(None))
+            inner.extend(slice(*view_ranges[v + k]) for k in range(1, len(group)))
+            v += len(group)
+        data = np.asarray(hf_slice[tuple(hf_index)])
+        return data.reshape(local_view)[tuple(inner)].transpose(self.perm)
+
+
+def tensor_maps(cfg: ModelConfig, *, prefix: tuple = ()) -> dict[tuple, TensorMap]:
+    """Our parameter paths (as in ``nnx.to_flat_state``) -> their HF tensors.
+
+    Args:
+      cfg: the model config.
+      prefix: the trunk's path prefix is ``prefix + ("trunk",)``; the LM head is at ``prefix``.
+    """
+    tm = TensorMap
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    t = (*prefix, "trunk")
+    maps = {
+        (*t, "embed_vd"): TensorMap("model.embed_tokens.weight", ((v,), (d,)), (0, 1)),
+        (*t, "final_norm", "weight"): TensorMap("model.norm.weight", ((d,),), (0,)),
+    }
+    for i in range(cfg.num_layers):
+        hf, ours = f"model.layers.{i}.", (*t, "layers", i)
+        attn, att = f"{hf}self_attn.", (*ours, "attn")
+        maps.update(
+            {
+                (*ours, "input_norm", "weight"): TensorMap(
+                    f"{hf}input_layernorm.weight", ((d,),), (0,)
+                ),
+                (*ours, "post_attn_norm", "weight"): TensorMap(
+                    f"{hf}post_attention_layernorm.weight", ((d,),), (0,)
+                ),
+                # nn.Linear stores [out, in]; ours is [in, heads, head_dim].
+                (*att, "q_weight_dnh"): TensorMap(
+                    f"{attn}q_proj.weight", ((n, h), (d,)), (2, 0, 1)
+                ),
+                (*att, "k_weight_dkh"): TensorMap(
+                    f"{attn}k_proj.weight", ((k, h), (d,)), (2, 0, 1)
+                ),
+                (*att, "v_weight_dkh"): TensorMap(
+                    f"{attn}v_proj.weight", ((k, h), (d,)), (2, 0, 1)
+                ),
+                (*att, "q_bias_nh"): tm(f"{attn}q_proj.bias", ((n, h),), (0, 1)),
+                (*att, "k_bias_kh"): tm(f"{attn}k_proj.bias", ((k, h),), (0, 1)),
+                (*att, "v_bias_kh"): tm(f"{attn}v_proj.bias", ((k, h),), (0, 1)),
+                (*att, "o_weight_nhd"): TensorMap(
+                    f"{attn}o_proj.weight", ((d,), (n, h)), (1, 2, 0)
+                ),
+                (*ours, "mlp", "gate_weight_df"): TensorMap(
+                    f"{hf}mlp.gate_proj.weight", ((f,), (d,)), (1, 0)
+                ),
+                (*ours, "mlp", "up_weight_df"): TensorMap(
+                    f"{hf}mlp.up_proj.weight", ((f,), (d,)), (1, 0)
+                ),
+                (*ours, "mlp", "down_weight_fd"): TensorMap(
+                    f"{hf}mlp.down_proj.weight", ((d,), (f,)), (1, 0)
+                ),
+            }
+        )
+    if not cfg.tie_word_embeddings:
+        maps[(*prefix, "lm_head_dv")] = TensorMap("lm_head.weight", ((v,), (d,)), (1, 0))
+    return maps
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading
+
+
+def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
+    """Tensor name -> the safetensors file that holds it (single file or sharded index)."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{index}: field 'weight_map' must be a non-empty object")
+        files = {}
+        for name, file in weight_map.items():
+            shard = path / str(file)
+            if not shard.is_file():
+                raise CheckpointError(
+                    f"{index}: weight_map[{name!r}] names {file!r}, which is not in {path}"
+                )
+            files[name] = shard
+        return files
+    single = path / SINGLE_FILE
+    if single.is_file():
+        with _open(single) as f:
+            return dict.fromkeys(f.keys(), single)
+    others = sorted(p.name for p in path.iterdir())
+    raise FileNotFoundError(
+        f"no {SINGLE_FILE} or {INDEX_FILE} in {path} (found: {others[:10]}); only safetensors "
+        "checkpoints are supported"
+    )
+
+
+def _open(file: pathlib.Path):
+    try:
+        return safe_open(str(file), framework="numpy")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{file} is not a readable safetensors file: {e}") from e
+
+
+class _Reader:
+    """Lazily opened safetensors files of one checkpoint; closes them all on exit."""
+
+    def __init__(self, files: dict[str, pathlib.Path]):
+        self.files = files
+        self.handles: dict[pathlib.Path, Any] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        for handle in self.handles.values():
+            handle.__exit__(None, None, None)
+        self.handles.clear()
+
+    def slice(self, name: str, expected_shape: Sequence[int], what: str):
+        if name not in self.files:
+            sources = sorted({p.name for p in self.files.values()})
+            raise CheckpointError(f"tensor {name!r} ({what}) is missing from {sources}")
+        file = self.files[name]
+        if file not in self.handles:
+            self.handles[file] = _open(file).__enter__()
+        try:
+            part = self.handles[file].get_slice(name)
+        except SafetensorError as e:
+            raise CheckpointError(f"{file}: cannot read tensor {name!r}: {e}") from e
+        shape = tuple(part.get_shape())
+        if shape != tuple(expected_shape):
+            raise CheckpointError(
+                f"{file}: tensor {name!r} has shape {shape}, but config.json implies "
+                f"{tuple(expected_shape)} ({what})"
+            )
+        return part
+
+
+def _describe(path: tuple) -> str:
+    return ".".join(str(p) for p in path)
+
+
+def _load_into(model_ctor, cfg: ModelConfig, ckpt: pathlib.Path, mesh: Mesh | None, prefix=()):
+    abstract = nnx.eval_shape(model_ctor)
+    graphdef, state = nnx.split(abstract)
+    if mesh is not None:
+        shardings = nnx.to_flat_state(sharding_lib.state_shardings(state, mesh))
+        shardings = dict(zip(shardings.paths, shardings.leaves, strict=True))
+    maps = tensor_maps(cfg, prefix=prefix)
+    files = _tensor_files(ckpt)
+    used = set()
+    with _Reader(files) as reader:
+        for path, var in nnx.to_flat_state(state):
+            spec = var.get_value()
+            sharding = (
+                shardings[path] if mesh is not None else SingleDeviceSharding(jax.devices()[0])
+            )
+            tmap = maps.get(path)
+            if tmap is None:
+                # Not in a causal-LM checkpoint (the value head): starts at zero.
+                value = jax.device_put(np.zeros(spec.shape, spec.dtype), sharding)
+            else:
+                assert tmap.our_shape == spec.shape, (path, tmap.our_shape, spec.shape)
+                part = reader.slice(tmap.hf_name, tmap.hf_shape, f"param {_describe(path)}")
+                used.add(tmap.hf_name)
+                dtype = np.dtype(spec.dtype)
+
+                def read(index, tmap=tmap, part=part, dtype=dtype):
+                    return tmap.read(part, index).astype(dtype)
+
+                value = jax.make_array_from_callback(spec.shape, sharding, read)
+            var.set_value(value)
+    unused = sorted(set(files) - used - {"lm_head.weight"})
+    if unused:
+        _log.warning("%s: %d tensors not used by the model, e.g. %s", ckpt, len(unused), unused[:5])
+    return nnx.merge(graphdef, state)
+
+
+def load_hf_model(
+    path: str | pathlib.Path, *, mesh: Mesh | None = None, **overrides
+) -> Qwen2ForCausalLM:
+    """A Qwen2ForCausalLM with the weights of a local Hugging Face checkpoint directory.
+
+    Args:
+      path: directory with config.json and model.safetensors (or model.safetensors.index.json
+        plus its shards).
+      mesh: place each parameter as ``agentrl_jax.sharding`` says; each device reads only its
+        own slice. Without a mesh, everything goes to the first device.
+      **overrides: ModelConfig fields, e.g. ``dtype=jnp.bfloat16, param_dtype=jnp.bfloat16``
+        (weights are cast on the host) or ``remat=True``.
+
+    Raises:
+      FileNotFoundError: the directory, config.json or the safetensors files are missing.
+      CheckpointError: config.json is invalid or unsupported, a file is corrupt, a tensor is
+        missing or has the wrong shape (the message names file, tensor and shapes).
+    """
+    path = _check_dir(path)
+    cfg = load_config(path, **overrides)
+    return _load_into(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh)
+
+
+def load_hf_value_model(
+    path: str | pathlib.Path, *, mesh: Mesh | None = None, **overrides
+) -> Qwen2ValueModel:
+    """A Qwen2ValueModel whose trunk comes from a causal-LM checkpoint, with a zero value head."""
+    path = _check_dir(path)
+    cfg = load_config(path, **overrides)
+    return _load_into(lambda: Qwen2ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh)
+
+
+# ---------------------------------------------------------------------------------------------
+# Saving
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-host only)
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def _dtype_name(dtype) -> str:
+    return {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[
+        np.dtype(dtype).name
+    ]
+
+
+def save_hf_checkpoint(
+    model: Qwen2ForCausalLM,
+    out_dir: str | pathlib.Path,
+    *,
+    dtype=None,
+    max_shard_bytes: int = 4 * 2**30,
+    tokenizer: Any = None,
+) -> pathlib.Path:
+    """Writes ``model`` as a Hugging Face Qwen2ForCausalLM checkpoint.
+
+    Tensors are gathered to the host one at a time (all processes take part; process 0 writes),
+    so host memory holds at most one output file's worth.
+
+    Args:
+      model: the policy (sharded or not).
+      out_dir: created if needed; existing files of the same names are overwritten.
+      dtype: storage dtype (default: the model's param_dtype), e.g. ``jnp.bfloat16``.
+      max_shard_bytes: above this, tensors are split into ``model-0000i-of-0000n.safetensors``
+        with a ``model.safetensors.index.json``.
+      tokenizer: optional; its ``save_pretrained(out_dir)`` is called, for serving.
+
+    Returns:
+      The output directory.
+    """
+    cfg = model.cfg
+    out_dir = pathlib.Path(out_dir)
+    dtype = np.dtype(cfg.param_dtype if dtype is None else dtype)
+    writer = jax.process_index() == 0
+    flat = dict(nnx.to_flat_state(nnx.state(model)))
+    maps = list(tensor_maps(cfg).items())
+
+    # Plan the files from shapes alone, then gather and write one file at a time.
+    plan: list[list[tuple[tuple, TensorMap]]] = [[]]
+    size = 0
+    for path, tmap in maps:
+        nbytes = math.prod(tmap.hf_shape) * dtype.itemsize
+        if plan[-1] and size + nbytes > max_shard_bytes:
+            plan.append([])
+            size = 0
+        plan[-1].append((path, tmap))
+        size += nbytes
+    names = (
+        [SINGLE_FILE]
+        if len(plan) == 1
+        else [f"model-{i + 1:05d}-of-{len(plan):05d}.safetensors" for i in range(len(plan))]
+    )
+    if writer:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / CONFIG_FILE).write_text(
+            json.dumps(config_to_hf(cfg, torch_dtype=_dtype_name(dtype)), indent=2) + "\n"
+        )
+    weight_map, total = {}, 0
+    for name, entries in zip(names, plan, strict=True):
+        tensors = {}
+        for path, tmap in entries:
+            tensors[tmap.hf_name] = tmap.to_hf(_to_host(flat[path].get_value())).astype(dtype)
+        weight_map.update(dict.fromkeys(tensors, name))
+        total += sum(t.nbytes for t in tensors.values())
+        if writer:
+            # transformers refuses safetensors files without the "format" metadata.
+            save_file(tensors, str(out_dir / name), metadata={"format": "pt"})
+    if not writer:
+        return out_dir
+    if len(plan) == 1:
+        (out_dir / INDEX_FILE).unlink(missing_ok=True)
+    else:
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+        (out_dir / SINGLE_FILE).unlink(missing_ok=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(str(out_dir))
+    return out_dir
+
+
+__all__ = [
+    "CheckpointError",
+    "TensorMap",
+    "config_from_hf",
+    "config_to_hf",
+    "load_config",
+    "load_hf_model",
+    "load_hf_value_model",
+    "save_hf_checkpoint",
+    "tensor_maps",
+]

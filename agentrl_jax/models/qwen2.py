@@ -1,0 +1,308 @@
+"""Qwen2 / Qwen2.5 decoder in flax.nnx, compatible with Hugging Face checkpoints.
+
+Grouped-query attention with q/k/v biases, rotary embeddings (rotate-half layout, the
+checkpoint's theta), RMSNorm, SwiGLU MLP, tied or untied embeddings. Names use shape suffixes:
+B batch, T new tokens, S key slots, D model width, N query heads, K kv heads, G = N // K, H head
+dim, F MLP width, V vocabulary.
+
+Two ways to call the trunk, both pure and usable inside jit (via ``nnx.split`` / ``nnx.merge``):
+
+- Teacher forcing: ``model(tokens_bt, mask_bt=...)`` attends within the chunk; positions follow the
+  mask (left or right padding both work).
+- With a cache: ``model(tokens_bt, cache=cache, num_new_b=...)`` appends a right-padded chunk of
+  ``num_new_b[b]`` valid tokens after each sequence's cached history and attends over the cache.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl_jax.models.config import ModelConfig
+from agentrl_jax.models.kv_cache import KVCache
+
+_NEG_INF = -1e30
+
+
+def _param(rngs: nnx.Rngs, init, shape, axes, dtype) -> nnx.Param:
+    """A parameter carrying its logical axis names (read by ``agentrl_jax.sharding``)."""
+    return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
+
+
+_dense_init = jax.nn.initializers.normal(0.02)
+_zeros = jax.nn.initializers.zeros
+_ones = jax.nn.initializers.ones
+
+
+class RMSNorm(nnx.Module):
+    """RMSNorm computed in float32, as Hugging Face's Qwen2RMSNorm."""
+
+    def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs):
+        self.eps = eps
+        self.weight = _param(rngs, _ones, (dim,), ("norm",), param_dtype)
+
+    def __call__(self, x):
+        dtype = x.dtype
+        x = x.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        # Cast back before scaling, in the same order as Hugging Face, so bf16 rounds alike.
+        return self.weight[...].astype(dtype) * x.astype(dtype)
+
+
+def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float):
+    """cos and sin tables [B, T, H] for the rotate-half rotary layout."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs_bth = positions_bt.astype(jnp.float32)[..., None] * inv_freq
+    emb = jnp.concatenate([freqs_bth, freqs_bth], axis=-1)
+    return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
+    dtype = x_btnh.dtype
+    x = x_btnh.astype(jnp.float32)
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    out = x * cos_bth[:, :, None, :] + rotated * sin_bth[:, :, None, :]
+    return out.astype(dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, n, k, h, pd = (
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            cfg.param_dtype,
+        )
+        self.cfg = cfg
+        self.q_weight_dnh = _param(
+            rngs, _dense_init, (d, n, h), ("embed", "q_heads", "head_dim"), pd
+        )
+        self.q_bias_nh = _param(rngs, _zeros, (n, h), ("q_heads", "head_dim"), pd)
+        self.k_weight_dkh = _param(
+            rngs, _dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
+        )
+        self.k_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
+        self.v_weight_dkh = _param(
+            rngs, _dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
+        )
+        self.v_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
+        self.o_weight_nhd = _param(
+            rngs, _dense_init, (n, h, d), ("q_heads", "head_dim", "embed"), pd
+        )
+
+    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None):
+        """Attention of the chunk's queries over the chunk's own keys or over a cache row.
+
+        Args:
+          cache_kv: None (teacher forcing: keys are the chunk's), or
+            ``(k_lbskh, v_lbskh, layer, write_bt)``: every layer's cache, into whose row ``layer``
+            the chunk's keys and values are written at slots ``write_bt`` (out-of-bounds slots
+            are dropped) before attending over all S slots of that layer.
+
+        Returns:
+          ([B, T, D] output, the updated (k_lbskh, v_lbskh) or None).
+        """
+        cfg, dt = self.cfg, self.cfg.dtype
+        q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
+        q = q + self.q_bias_nh[...].astype(dt)
+        k = jnp.einsum("btd,dkh->btkh", x_btd, self.k_weight_dkh[...].astype(dt))
+        k = k + self.k_bias_kh[...].astype(dt)
+        v = jnp.einsum("btd,dkh->btkh", x_btd, self.v_weight_dkh[...].astype(dt))
+        v = v + self.v_bias_kh[...].astype(dt)
+        q = apply_rope(q, cos_bth, sin_bth)
+        k = apply_rope(k, cos_bth, sin_bth)
+        if cache_kv is None:
+            k_bskh, v_bskh, extra = k, v, None
+        else:
+            k_all, v_all, layer, write_bt = cache_kv
+            rows_b1 = jnp.arange(k.shape[0])[:, None]
+            # Scatter into the full [L, ...] cache rather than slicing and re-stacking layers:
+            # with a donated cache XLA updates it in place, so a decode step writes T slots
+            # instead of copying the whole cache.
+            k_all = k_all.at[layer, rows_b1, write_bt].set(k.astype(k_all.dtype), mode="drop")
+            v_all = v_all.at[layer, rows_b1, write_bt].set(v.astype(v_all.dtype), mode="drop")
+            k_bskh, v_bskh = k_all[layer], v_all[layer]
+            extra = (k_all, v_all)
+
+        b, t, n, h = q.shape
+        kv = cfg.num_kv_heads
+        q_btkgh = q.reshape(b, t, kv, n // kv, h)
+        scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(dt))
+        scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+        scores = jnp.where(mask_bts[:, None, None, :, :], scores, _NEG_INF)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh.astype(dt))
+        out_btnh = out_btkgh.reshape(b, t, n, h)
+        out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
+        return out, extra
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+        self.dtype = cfg.dtype
+        self.gate_weight_df = _param(rngs, _dense_init, (d, f), ("embed", "mlp"), pd)
+        self.up_weight_df = _param(rngs, _dense_init, (d, f), ("embed", "mlp"), pd)
+        self.down_weight_fd = _param(rngs, _dense_init, (f, d), ("mlp", "embed"), pd)
+
+    def __call__(self, x_btd):
+        dt = self.dtype
+        gate = jnp.einsum("btd,df->btf", x_btd, self.gate_weight_df[...].astype(dt))
+        up = jnp.einsum("btd,df->btf", x_btd, self.up_weight_df[...].astype(dt))
+        return jnp.einsum(
+            "btf,fd->btd", jax.nn.silu(gate) * up, self.down_weight_fd[...].astype(dt)
+        )
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+        self.attn = Attention(cfg, rngs=rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)
+
+    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None):
+        attn_out, extra = self.attn(self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv)
+        x_btd = x_btd + attn_out
+        x_btd = x_btd + self.mlp(self.post_attn_norm(x_btd))
+        return x_btd, extra
+
+
+def _call_layer(layer, x_btd, cos_bth, sin_bth, mask_bts):
+    return layer(x_btd, cos_bth, sin_bth, mask_bts)
+
+
+class Qwen2Trunk(nnx.Module):
+    """Embeddings, decoder layers and the final norm: the part policy and value models share."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.embed_vd = _param(
+            rngs,
+            _dense_init,
+            (cfg.vocab_size, cfg.hidden_size),
+            ("vocab", "embed"),
+            cfg.param_dtype,
+        )
+        self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+
+    def __call__(
+        self,
+        tokens_bt: jax.Array,
+        *,
+        mask_bt: jax.Array | None = None,
+        cache: KVCache | None = None,
+        num_new_b: jax.Array | None = None,
+    ) -> tuple[jax.Array, KVCache | None]:
+        """Returns the final hidden states [B, T, D] and the updated cache (or None).
+
+        Args:
+          tokens_bt: [B, T] int token ids.
+          mask_bt: [B, T] 1 on real tokens, 0 on padding (teacher forcing only; default all 1).
+          cache: a KVCache to append to; the chunk is right-padded with ``num_new_b`` valid tokens.
+          num_new_b: [B] int valid new tokens per row when a cache is given (default T).
+        """
+        cfg = self.cfg
+        b, t = tokens_bt.shape
+        x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(cfg.dtype)
+
+        if cache is None:
+            mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)
+            positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
+            causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
+            mask_bts = causal_ts[None] & mask_bt[:, None, :]
+        else:
+            if num_new_b is None:
+                num_new_b = jnp.full((b,), t, jnp.int32)
+            positions_bt = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+            slots_s = jnp.arange(cache.size, dtype=jnp.int32)
+            mask_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
+            # Padding rows of the chunk are written to slot S (out of bounds) and dropped, so a
+            # short row never overwrites its own history or spills into a neighbour's slots.
+            write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, cache.size)
+
+        cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+
+        if cache is not None:
+            k_all, v_all = cache.k, cache.v
+        for i, layer in enumerate(self.layers):
+            if cache is not None:
+                x_btd, (k_all, v_all) = layer(
+                    x_btd, cos_bth, sin_bth, mask_bts, (k_all, v_all, i, write_bt)
+                )
+            elif cfg.remat:
+                # Recompute each layer's activations in the backward pass (training only).
+                x_btd, _ = nnx.remat(_call_layer)(layer, x_btd, cos_bth, sin_bth, mask_bts)
+            else:
+                x_btd, _ = layer(x_btd, cos_bth, sin_bth, mask_bts)
+
+        hidden_btd = self.final_norm(x_btd)
+        if cache is None:
+            return hidden_btd, None
+        new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new_b)
+        return hidden_btd, new_cache
+
+
+class Qwen2ForCausalLM(nnx.Module):
+    """The policy: the trunk plus a language-model head (tied to the embeddings or not)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.trunk = Qwen2Trunk(cfg, rngs=rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head_dv = _param(
+                rngs,
+                _dense_init,
+                (cfg.hidden_size, cfg.vocab_size),
+                ("embed", "vocab"),
+                cfg.param_dtype,
+            )
+
+    def logits(self, hidden_btd: jax.Array) -> jax.Array:
+        """[B, T, V] float32 logits from final hidden states."""
+        dt = self.cfg.dtype
+        if self.cfg.tie_word_embeddings:
+            out = jnp.einsum("btd,vd->btv", hidden_btd, self.trunk.embed_vd[...].astype(dt))
+        else:
+            out = jnp.einsum("btd,dv->btv", hidden_btd, self.lm_head_dv[...].astype(dt))
+        return out.astype(jnp.float32)
+
+    def __call__(self, tokens_bt, *, mask_bt=None, cache=None, num_new_b=None):
+        """Returns (logits [B, T, V] float32, updated cache or None). See ``Qwen2Trunk``."""
+        hidden, cache = self.trunk(tokens_bt, mask_bt=mask_bt, cache=cache, num_new_b=num_new_b)
+        return self.logits(hidden), cache
+
+
+class Qwen2ValueModel(nnx.Module):
+    """The critic: the same trunk with a scalar value head on every token."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, trunk: Qwen2Trunk | None = None):
+        """A fresh value model, or one around an existing ``trunk`` (see ``from_policy``)."""
+        self.cfg = cfg
+        self.trunk = Qwen2Trunk(cfg, rngs=rngs) if trunk is None else trunk
+        # A zero head: every value starts at 0, so early critic targets are not biased by noise.
+        self.value_weight_d = _param(rngs, _zeros, (cfg.hidden_size,), ("embed",), cfg.param_dtype)
+        self.value_bias = _param(rngs, _zeros, (), (), cfg.param_dtype)
+
+    @classmethod
+    def from_policy(
+        cls, policy: Qwen2ForCausalLM, *, rngs: nnx.Rngs | None = None
+    ) -> Qwen2ValueModel:
+        """A value model whose trunk starts as a copy of the policy's trunk.
+
+        The trunk's arrays are copied (keeping their shardings), never shared: the policy and the
+        critic are trained apart, and a train step that donates one must not free the other.
+        """
+        graphdef, state = nnx.split(policy.trunk)
+        trunk = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+        return cls(policy.cfg, rngs=nnx.Rngs(0) if rngs is None else rngs, trunk=trunk)
+
+    def __call__(self, tokens_bt, *, mask_bt=None):
+        """[B, T] float32 values for each token's prefix (teacher forcing)."""
+        hidden_btd, _ = self.trunk(tokens_bt, mask_bt=mask_bt)
+        w = self.value_weight_d[...].astype(jnp.float32)
+        return hidden_btd.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)

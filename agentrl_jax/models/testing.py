@@ -1,0 +1,88 @@
+"""Small models and reference checkpoints for tests and benchmarks.
+
+``TEST_CONFIG`` is a tiny Qwen2 whose every sharded axis divides by 2 and 4, so it runs on any of
+the (data, fsdp, tp) test meshes over 8 fake CPU devices. ``random_hf_checkpoint`` writes a
+randomly initialised Hugging Face Qwen2 (built by transformers itself, so it is an independent
+reference for our loader), and ``hf_logits`` runs it; both need torch (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+
+from agentrl_jax.models.config import ModelConfig
+
+TEST_CONFIG = ModelConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rope_theta=10_000.0,
+    max_position_embeddings=256,
+)
+
+
+def positions_from_mask(mask_bt: np.ndarray) -> np.ndarray:
+    """[B, T] position ids that count only real tokens (as our model and HF generate do)."""
+    return np.maximum(np.cumsum(mask_bt, axis=1) - 1, 0)
+
+
+def random_hf_checkpoint(
+    out_dir: str | pathlib.Path,
+    cfg: ModelConfig = TEST_CONFIG,
+    *,
+    seed: int = 0,
+    std: float = 0.2,
+) -> pathlib.Path:
+    """Saves a transformers Qwen2ForCausalLM with random weights (biases and norms included).
+
+    ``std`` is large enough that logits vary well beyond float32 noise, so parity tests are
+    meaningful; ``cfg.tie_word_embeddings`` picks the tied or untied variant.
+    """
+    import torch  # noqa: PLC0415 (test-only dependency)
+    import transformers  # noqa: PLC0415
+
+    hf_config = transformers.Qwen2Config(
+        vocab_size=cfg.vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rms_norm_eps=cfg.rms_norm_eps,
+        tie_word_embeddings=cfg.tie_word_embeddings,
+        rope_parameters={"rope_type": "default", "rope_theta": cfg.rope_theta},
+    )
+    if cfg.head_dim != cfg.hidden_size // cfg.num_heads:
+        raise ValueError("transformers' Qwen2 needs head_dim == hidden_size // num_heads")
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(hf_config)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.normal_(0.0, std)
+    out_dir = pathlib.Path(out_dir)
+    model.save_pretrained(str(out_dir))
+    return out_dir
+
+
+def hf_logits(ckpt_dir: str | pathlib.Path, tokens_bt: np.ndarray, mask_bt: np.ndarray):
+    """[B, T, V] float32 logits of transformers' Qwen2ForCausalLM (eager attention) on a batch."""
+    import torch  # noqa: PLC0415
+    import transformers  # noqa: PLC0415
+
+    model = transformers.Qwen2ForCausalLM.from_pretrained(
+        str(ckpt_dir), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.as_tensor(np.asarray(tokens_bt), dtype=torch.long),
+            attention_mask=torch.as_tensor(np.asarray(mask_bt), dtype=torch.long),
+            position_ids=torch.as_tensor(positions_from_mask(np.asarray(mask_bt))),
+        )
+    return out.logits.float().numpy()

@@ -1,0 +1,75 @@
+"""Logit processing (temperature, top-k, top-p) and drawing one token per row.
+
+Two log-probabilities come out for every drawn token, because the RL trainer needs to know both:
+
+- ``logprob``: under the processed distribution the token was actually drawn from (temperature,
+  then top-k, then top-p, renormalised; 0 for greedy, a point mass). This is the exact behaviour
+  policy. With top_k=0 and top_p=1 it equals ``log_softmax(logits / temperature)``, i.e. what a
+  trainer that recomputes log-probs at the sampling temperature gets.
+- ``policy_logprob``: ``log_softmax(logits)`` at temperature 1 with no filtering, i.e. what a
+  teacher-forced forward pass of the policy gives for the same token.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from agentrl_jax.sampling.params import SamplingParams
+
+
+def processed_logprobs(logits_bv: jax.Array, params: SamplingParams) -> jax.Array:
+    """Log-probs [B, V] float32 of the distribution tokens are drawn from (not for greedy).
+
+    Filtered-out tokens get -inf. The kept set is a prefix of the tokens sorted by logit, so it
+    is the set of logits >= a per-row threshold; ties at the threshold are all kept.
+    """
+    if params.greedy:
+        raise ValueError("greedy sampling has no processed distribution; use argmax")
+    scaled_bv = logits_bv.astype(jnp.float32) / jnp.float32(params.temperature)
+    if params.filters:
+        scaled_bv = jnp.where(scaled_bv >= _threshold_b(scaled_bv, params)[:, None], scaled_bv, -jnp.inf)
+    return jax.nn.log_softmax(scaled_bv, axis=-1)
+
+
+def _threshold_b(scaled_bv: jax.Array, params: SamplingParams) -> jax.Array:
+    """The smallest kept logit per row [B] after top-k and then top-p (as Hugging Face orders)."""
+    vocab = scaled_bv.shape[-1]
+    k = min(params.top_k, vocab) if params.top_k > 0 else vocab
+    if params.top_p >= 1.0:
+        # top-k only: lax.top_k avoids sorting the whole vocabulary.
+        return jax.lax.top_k(scaled_bv, k)[0][:, -1]
+    sorted_bk = jax.lax.top_k(scaled_bv, k)[0]  # descending
+    probs_bk = jax.nn.softmax(sorted_bk, axis=-1)
+    # Keep a token while the probability of the strictly more likely ones is below top_p: the
+    # smallest prefix whose mass reaches top_p, and never an empty one.
+    mass_before_bk = jnp.cumsum(probs_bk, axis=-1) - probs_bk
+    num_kept_b = jnp.maximum(jnp.sum(mass_before_bk < params.top_p, axis=-1), 1)
+    return jnp.take_along_axis(sorted_bk, (num_kept_b - 1)[:, None], axis=-1)[:, 0]
+
+
+def draw(
+    key: jax.Array, logits_bv: jax.Array, params: SamplingParams
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Draws one token per row.
+
+    Args:
+      key: a PRNG key (ignored for greedy).
+      logits_bv: [B, V] raw policy logits.
+      params: the sampling settings.
+
+    Returns:
+      (tokens [B] int32, logprob [B] float32 under the processed distribution,
+       policy_logprob [B] float32 under log_softmax(logits) at temperature 1).
+    """
+    logits_bv = logits_bv.astype(jnp.float32)
+    if params.greedy:
+        tokens_b = jnp.argmax(logits_bv, axis=-1).astype(jnp.int32)
+        logprob_b = jnp.zeros(tokens_b.shape, jnp.float32)
+    else:
+        logp_bv = processed_logprobs(logits_bv, params)
+        tokens_b = jax.random.categorical(key, logp_bv, axis=-1).astype(jnp.int32)
+        logprob_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
+    policy_bv = jax.nn.log_softmax(logits_bv, axis=-1)
+    policy_logprob_b = jnp.take_along_axis(policy_bv, tokens_b[:, None], axis=-1)[:, 0]
+    return tokens_b, logprob_b, policy_logprob_b

@@ -1,0 +1,181 @@
+"""One turn of generation as a pure function: prefill the new tokens, then a while_loop decode.
+
+``run_turn(graphdef, state, cache, chunk_bt, num_new_b, max_new_b, rng)`` is what
+``Sampler`` jits (once per shape bucket and sampling setting). Per row b:
+
+1. Prefill: the right-padded chunk's ``num_new_b[b]`` tokens are appended after the row's cached
+   history in one forward pass; the first action token is drawn from the last one's logits.
+2. Decode: each iteration feeds every row's last drawn token that is not yet in the cache
+   ("unfed") and draws the next token for the rows still generating. A row stops on EOS, on a
+   stop sequence or at ``max_new_b[b]`` tokens; the loop ends when no row has an unfed token.
+   So a row's final token is fed in the next iteration (for free, while other rows still run)
+   or in one last flush iteration: after the turn the cache holds the whole conversation,
+   ``cache.lengths`` is its length, and the next turn prefills only the environment's reply.
+3. Rows with ``num_new_b[b] == 0`` are inactive: nothing is written to their cache slots and
+   their length does not move (the model drops writes of padding positions).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.sampling.logits import draw
+from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
+
+
+@flax.struct.dataclass
+class TurnArrays:
+    """What one turn generated, padded to the turn's new-token width W.
+
+    Attributes:
+      tokens: [B, W] int32 generated ids; ``pad_id`` at and beyond ``lengths[b]``.
+      logprobs: [B, W] float32 log-probs under the processed (sampled-from) distribution.
+      policy_logprobs: [B, W] float32 log-probs under the raw policy at temperature 1.
+      lengths: [B] int32 tokens generated per row.
+      done_reason: [B] int32 ``DoneReason`` per row.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    lengths: jax.Array
+    done_reason: jax.Array
+
+
+@flax.struct.dataclass
+class _Carry:
+    step: jax.Array  # [] int32 decode iterations done
+    cache: KVCache
+    last_b: jax.Array  # [B] int32 the row's last drawn token
+    unfed_b: jax.Array  # [B] bool last_b is not yet in the cache
+    done_b: jax.Array  # [B] bool the row draws no more tokens this turn
+    out: TurnArrays
+
+
+def run_turn(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    cache: KVCache,
+    chunk_bt: jax.Array,
+    num_new_b: jax.Array,
+    max_new_b: jax.Array,
+    rng: jax.Array,
+    *,
+    width: int,
+    sampling: SamplingParams,
+    stop: StopConfig,
+    pad_id: int,
+) -> tuple[TurnArrays, KVCache]:
+    """Appends a chunk of new tokens to each row and generates up to ``max_new_b`` tokens.
+
+    Args:
+      graphdef, state: ``nnx.split`` of a ``Qwen2ForCausalLM``.
+      cache: the episode's cache; rows hold their conversation so far in ``[0, lengths[b])``.
+      chunk_bt: [B, T] int32 new tokens, right-padded.
+      num_new_b: [B] int32 valid tokens in each chunk row (0: the row is inactive).
+      max_new_b: [B] int32 tokens to generate per row, <= width (the caller checked that the
+        cache has room for ``lengths + num_new + max_new`` tokens).
+      rng: PRNG key for this turn.
+      width: static output width W.
+      sampling, stop, pad_id: static settings.
+
+    Returns:
+      (TurnArrays, the cache with the chunk and every generated token appended).
+    """
+    b = chunk_bt.shape[0]
+    rows_b = jnp.arange(b)
+    active_b = num_new_b > 0
+    max_new_b = jnp.where(active_b, max_new_b, 0)
+    eos_e = jnp.asarray(stop.eos_ids, jnp.int32)
+    stop_qw, stop_len_q = (jnp.asarray(a) for a in stop.stop_table())
+
+    def record(carry: _Carry, logits_bv: jax.Array, key: jax.Array) -> _Carry:
+        """Draws a token for every row still generating and checks its stop conditions."""
+        drawing_b = ~carry.done_b
+        tok_b, lp_b, plp_b = draw(key, logits_bv, sampling)
+        out = carry.out
+        # Rows not drawing write to column W (out of bounds), which is dropped.
+        col_b = jnp.where(drawing_b, out.lengths, width)
+        tokens = out.tokens.at[rows_b, col_b].set(tok_b, mode="drop")
+        lengths = out.lengths + drawing_b
+        eos_b = drawing_b & jnp.isin(tok_b, eos_e) if stop.eos_ids else jnp.zeros_like(drawing_b)
+        stop_b = drawing_b & _ends_with_stop(tokens, lengths, stop_qw, stop_len_q)
+        full_b = drawing_b & (lengths >= max_new_b)
+        reason_b = jnp.where(
+            eos_b,
+            DoneReason.EOS,
+            jnp.where(stop_b, DoneReason.STOP_SEQUENCE, out.done_reason),
+        ).astype(jnp.int32)
+        out = TurnArrays(
+            tokens=tokens,
+            logprobs=out.logprobs.at[rows_b, col_b].set(lp_b, mode="drop"),
+            policy_logprobs=out.policy_logprobs.at[rows_b, col_b].set(plp_b, mode="drop"),
+            lengths=lengths,
+            done_reason=reason_b,
+        )
+        return _Carry(
+            step=carry.step,
+            cache=carry.cache,
+            last_b=jnp.where(drawing_b, tok_b, carry.last_b),
+            unfed_b=drawing_b,
+            done_b=carry.done_b | eos_b | stop_b | full_b,
+            out=out,
+        )
+
+    # Prefill: one forward pass over the chunk; only the last valid position needs logits.
+    model = nnx.merge(graphdef, state)
+    hidden_btd, cache = model.trunk(chunk_bt, cache=cache, num_new_b=num_new_b)
+    last_t_b = jnp.maximum(num_new_b - 1, 0)
+    logits_bv = model.logits(hidden_btd[rows_b, last_t_b][:, None, :])[:, 0]
+    reason_b = jnp.where(active_b, DoneReason.MAX_NEW_TOKENS, DoneReason.INACTIVE)
+    carry = _Carry(
+        step=jnp.zeros((), jnp.int32),
+        cache=cache,
+        last_b=jnp.zeros((b,), jnp.int32),
+        unfed_b=jnp.zeros((b,), jnp.bool_),
+        done_b=max_new_b <= 0,
+        out=TurnArrays(
+            tokens=jnp.full((b, width), pad_id, jnp.int32),
+            logprobs=jnp.zeros((b, width), jnp.float32),
+            policy_logprobs=jnp.zeros((b, width), jnp.float32),
+            lengths=jnp.zeros((b,), jnp.int32),
+            done_reason=reason_b.astype(jnp.int32),
+        ),
+    )
+    carry = record(carry, logits_bv, jax.random.fold_in(rng, 0))
+
+    def cond(carry: _Carry) -> jax.Array:
+        # Each iteration feeds one token per unfed row, and a row draws at most width tokens,
+        # so the bound on step is a guard, never reached.
+        return jnp.any(carry.unfed_b) & (carry.step <= width)
+
+    def body(carry: _Carry) -> _Carry:
+        model = nnx.merge(graphdef, state)
+        logits_b1v, cache = model(
+            carry.last_b[:, None], cache=carry.cache, num_new_b=carry.unfed_b.astype(jnp.int32)
+        )
+        step = carry.step + 1
+        carry = carry.replace(step=step, cache=cache)
+        return record(carry, logits_b1v[:, 0], jax.random.fold_in(rng, step))
+
+    carry = jax.lax.while_loop(cond, body, carry)
+    return carry.out, carry.cache
+
+
+def _ends_with_stop(
+    tokens_bw: jax.Array, lengths_b: jax.Array, stop_qw: jax.Array, stop_len_q: jax.Array
+) -> jax.Array:
+    """[B] bool: the first ``lengths_b`` generated tokens end with one of the stop sequences."""
+    q, w = stop_qw.shape
+    if q == 0:
+        return jnp.zeros(lengths_b.shape, jnp.bool_)
+    cols_bw = lengths_b[:, None] - w + jnp.arange(w)[None]
+    tail_bw = jnp.take_along_axis(tokens_bw, jnp.clip(cols_bw, 0, tokens_bw.shape[1] - 1), axis=1)
+    tail_bw = jnp.where(cols_bw >= 0, tail_bw, -2)  # before the turn's first token: no match
+    match_bqw = (stop_qw[None] == -1) | (tail_bw[:, None, :] == stop_qw[None])
+    long_enough_bq = lengths_b[:, None] >= stop_len_q[None]
+    return jnp.any(jnp.all(match_bqw, axis=-1) & long_enough_bq, axis=-1)

@@ -1,0 +1,251 @@
+"""The high-level sampler the trainer and the demos call: episodes, turns, buckets, checks.
+
+See ``agentrl_jax.sampling`` for the API overview and ``loop.run_turn`` for what a turn does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.sampling import buckets as bk
+from agentrl_jax.sampling.loop import TurnArrays, run_turn
+from agentrl_jax.sampling.params import SamplingParams, StopConfig
+
+
+@flax.struct.dataclass
+class TurnOutput:
+    """One turn's generations and the episode's cache after it.
+
+    Attributes:
+      tokens: [B, W] int32 generated ids, ``pad_id`` at and beyond ``lengths[b]``; W is the
+        turn's bucketed new-token width (>= every row's max_new_tokens).
+      logprobs: [B, W] float32 log-probs under the processed distribution actually sampled from
+        (temperature, top-k, top-p; 0 for greedy). 0 beyond ``lengths[b]``.
+      policy_logprobs: [B, W] float32 log-probs under the raw policy, log_softmax(logits) at
+        temperature 1 (what a teacher-forced forward pass gives). 0 beyond ``lengths[b]``.
+      lengths: [B] int32 tokens generated per row this turn.
+      done_reason: [B] int32 ``DoneReason`` per row.
+      cache: the episode's KVCache holding the whole conversation so far (every generated
+        token included); pass it to the next ``step_turn``.
+    """
+
+    tokens: jax.Array
+    logprobs: jax.Array
+    policy_logprobs: jax.Array
+    lengths: jax.Array
+    done_reason: jax.Array
+    cache: KVCache
+
+    def token_lists(self) -> list[list[int]]:
+        """The generated ids per row on the host, without padding."""
+        tokens, lengths = np.asarray(self.tokens), np.asarray(self.lengths)
+        return [tokens[b, : lengths[b]].tolist() for b in range(tokens.shape[0])]
+
+
+class Sampler:
+    """Jitted multi-turn generation over a KV cache kept between turns.
+
+    Args:
+      model: a ``Qwen2ForCausalLM`` or its ``nnx.split`` pair ``(graphdef, state)``.
+      sampling: the default sampling settings (a ``step_turn`` may override them).
+      stop: EOS ids and stop sequences.
+      pad_id: the id written after each row's generated tokens in ``TurnOutput.tokens``.
+      chunk_buckets: allowed lengths of a turn's new-token chunk (default: powers of two and
+        their midpoints from 16).
+      cache_buckets: allowed cache sizes (default: the same rule from 64).
+      width_buckets: allowed widths of a turn's output, i.e. its largest max_new_tokens
+        (default: the same rule from 1).
+    """
+
+    def __init__(
+        self,
+        model: nnx.Module | tuple[nnx.GraphDef, nnx.State],
+        *,
+        sampling: SamplingParams = SamplingParams(),
+        stop: StopConfig = StopConfig(),
+        pad_id: int = 0,
+        chunk_buckets: Sequence[int] | None = None,
+        cache_buckets: Sequence[int] | None = None,
+        width_buckets: Sequence[int] | None = None,
+    ):
+        if isinstance(model, nnx.Module):
+            self.cfg = model.cfg
+            self.graphdef, self.state = nnx.split(model)
+        else:
+            self.graphdef, self.state = model
+            self.cfg = nnx.merge(self.graphdef, self.state).cfg
+        self.sampling = sampling
+        self.stop = stop
+        self.pad_id = int(pad_id)
+        self.chunk_buckets = bk.check_buckets(
+            chunk_buckets or bk.default_buckets(16), what="chunk_buckets"
+        )
+        self.cache_buckets = bk.check_buckets(
+            cache_buckets or bk.default_buckets(64), what="cache_buckets"
+        )
+        self.width_buckets = bk.check_buckets(
+            width_buckets or bk.default_buckets(1), what="width_buckets"
+        )
+        # Incremented each time a turn function is traced, i.e. compiled for a new shape bucket
+        # or setting; tests assert on it to catch recompiles.
+        self.num_traces = 0
+        self._jitted: dict[tuple[SamplingParams, int], object] = {}
+
+    def set_state(self, state: nnx.State) -> None:
+        """Swaps in new weights (same structure and shapes: no recompilation)."""
+        self.state = state
+
+    def start(self, batch: int, cache_size: int) -> KVCache:
+        """An empty cache for ``batch`` episodes of up to ``cache_size`` tokens each.
+
+        ``cache_size`` is rounded up to a cache bucket so episodes of similar length share
+        compilations. It must hold every episode's prompts and actions of all turns.
+        """
+        if batch < 1:
+            raise ValueError(f"batch={batch}: expected >= 1")
+        size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
+        return KVCache.create(self.cfg, batch, size)
+
+    def grow(self, cache: KVCache, cache_size: int) -> KVCache:
+        """A copy of ``cache`` with room for ``cache_size`` tokens per row (rounded to a bucket)."""
+        size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
+        if size < cache.size:
+            raise ValueError(f"grow: cache_size={cache_size} is smaller than the cache ({cache.size})")
+        pad = ((0, 0), (0, 0), (0, size - cache.size), (0, 0), (0, 0))
+        return KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad), lengths=cache.lengths)
+
+    def step_turn(
+        self,
+        cache: KVCache,
+        new_tokens: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        rng: jax.Array,
+        *,
+        sampling: SamplingParams | None = None,
+    ) -> TurnOutput:
+        """Appends each row's new tokens to its conversation and generates its next action.
+
+        Args:
+          cache: the episode's cache from ``start`` or the previous turn's ``TurnOutput.cache``.
+            It is donated: do not use it after this call (use the returned one).
+          new_tokens: B sequences of token ids: the first prompt, or the environment's reply
+            after the previous action (the action itself is already in the cache). A row with no
+            new tokens is inactive this turn: its cache is untouched and it generates nothing.
+          max_new_tokens: tokens to generate, for all rows or per row (0: only prefill).
+          rng: PRNG key for this turn (fold in the turn index for a fresh one each turn).
+          sampling: overrides the sampler's default settings for this turn.
+
+        Returns:
+          TurnOutput with the generated ids, both log-probs, lengths, done reasons, new cache.
+
+        Raises:
+          ValueError: on a batch-size mismatch, an id outside the vocabulary, or when a row's
+            conversation so far + new tokens + max_new_tokens does not fit in the cache.
+        """
+        sampling = sampling or self.sampling
+        chunk_bt, num_new_b, max_new_b = self._check_and_pad(cache, new_tokens, max_new_tokens)
+        width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
+        fn = self._turn_fn(sampling, width)
+        out, cache = fn(self.state, cache, chunk_bt, num_new_b, max_new_b, rng)
+        return TurnOutput(
+            tokens=out.tokens,
+            logprobs=out.logprobs,
+            policy_logprobs=out.policy_logprobs,
+            lengths=out.lengths,
+            done_reason=out.done_reason,
+            cache=cache,
+        )
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+        rng: jax.Array,
+        *,
+        cache_size: int | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> TurnOutput:
+        """Single-turn generation: ``start`` a cache that fits, then one ``step_turn``."""
+        if cache_size is None:
+            longest = max(len(p) for p in prompts)
+            cache_size = longest + int(np.max(max_new_tokens))
+        cache = self.start(len(prompts), cache_size)
+        return self.step_turn(cache, prompts, max_new_tokens, rng, sampling=sampling)
+
+    def _turn_fn(self, sampling: SamplingParams, width: int):
+        key = (sampling, width)
+        if key not in self._jitted:
+
+            def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng):
+                self.num_traces += 1  # Python side effect: runs only while tracing.
+                return run_turn(
+                    self.graphdef,
+                    state,
+                    cache,
+                    chunk_bt,
+                    num_new_b,
+                    max_new_b,
+                    rng,
+                    width=width,
+                    sampling=sampling,
+                    stop=self.stop,
+                    pad_id=self.pad_id,
+                )
+
+            # The cache is donated: it is the largest buffer (layers x batch x slots) and each
+            # turn returns its updated copy, so XLA writes the new keys/values in place instead
+            # of allocating and copying a second cache every turn.
+            self._jitted[key] = jax.jit(turn, donate_argnames=("cache",))
+        return self._jitted[key]
+
+    def _check_and_pad(
+        self,
+        cache: KVCache,
+        new_tokens: Sequence[Sequence[int]],
+        max_new_tokens: int | Sequence[int],
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Host-side validation, then the chunk padded to its bucket.
+
+        Returns:
+          (chunk [B, T] int32, num_new [B] int32, max_new [B] int32) with T a chunk bucket.
+        """
+        b = cache.batch
+        if len(new_tokens) != b:
+            raise ValueError(f"new_tokens has {len(new_tokens)} rows; the cache has batch {b}")
+        rows = [np.asarray(t, dtype=np.int64).reshape(-1) for t in new_tokens]
+        num_new_b = np.array([len(r) for r in rows], np.int32)
+        max_new_b = np.broadcast_to(np.asarray(max_new_tokens, np.int64), (b,)).astype(np.int32)
+        if (max_new_b < 0).any():
+            raise ValueError(f"max_new_tokens={max_new_tokens}: expected >= 0")
+        max_new_b = np.where(num_new_b > 0, max_new_b, 0).astype(np.int32)
+        vocab = self.cfg.vocab_size
+        for i, r in enumerate(rows):
+            if r.size and (r.min() < 0 or r.max() >= vocab):
+                bad = int(r[(r < 0) | (r >= vocab)][0])
+                raise ValueError(f"new_tokens[{i}] holds id {bad}, outside the vocabulary [0, {vocab})")
+        lengths_b = np.asarray(cache.lengths)  # waits for the previous turn; its ids are read anyway
+        need_b = lengths_b + num_new_b + max_new_b
+        if (need_b > cache.size).any():
+            i = int(np.argmax(need_b - cache.size))
+            raise ValueError(
+                f"row {i} does not fit in the KV cache: {int(lengths_b[i])} tokens already in the "
+                f"cache + {int(num_new_b[i])} new prompt tokens + max_new_tokens "
+                f"{int(max_new_b[i])} = {int(need_b[i])} > cache size {cache.size}. Start the "
+                f"episode with a larger cache_size (Sampler.start(batch, cache_size>="
+                f"{int(need_b.max())})) or Sampler.grow the cache"
+            )
+        t = bk.round_up(max(int(num_new_b.max()), 1), self.chunk_buckets, what="prompt chunk length")
+        chunk_bt = np.full((b, t), self.pad_id, np.int32)
+        for i, r in enumerate(rows):
+            chunk_bt[i, : r.size] = r
+        return chunk_bt, num_new_b, max_new_b
+
+
+__all__ = ["Sampler", "TurnArrays", "TurnOutput"]

@@ -1,0 +1,268 @@
+"""Device meshes and the one table that maps logical axes to mesh axes.
+
+Every parameter carries the logical names of its axes (``nnx.Param(..., logical_axes=(...))``,
+e.g. ``("embed", "mlp")``); activations and caches are described with the same vocabulary.
+``LOGICAL_AXIS_RULES`` is the single place that decides which mesh axis each logical axis is split
+over, on a mesh with axes ``(data, fsdp, tp)``:
+
+- ``data``: pure data parallelism; parameters are replicated along it.
+- ``fsdp``: the batch is split along it too, and so is each parameter's ``embed`` axis (ZeRO-3
+  style: XLA all-gathers a weight just before it is used).
+- ``tp``: tensor parallelism over attention heads, the MLP width and the vocabulary.
+
+A logical axis whose size does not divide evenly by its mesh axes is replicated instead (e.g.
+Qwen2.5-0.5B's 2 kv heads on tp=4), so any preset runs on any mesh.
+
+Typical use::
+
+    mesh = make_mesh((2, 2, 2))
+    model = create_sharded_model(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
+    tokens = jax.device_put(tokens_bt, named_sharding(mesh, ("batch", "seq"), tokens_bt.shape))
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tp")
+
+MeshAxes = str | tuple[str, ...] | None
+
+# The one table: logical axis -> mesh axis (or axes, or None for replicated).
+LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
+    # Parameters.
+    "vocab": "tp",
+    "embed": "fsdp",
+    "q_heads": "tp",
+    "kv_heads": "tp",
+    "head_dim": None,
+    "mlp": "tp",
+    "norm": None,
+    # Activations, inputs and the KV cache.
+    "batch": ("data", "fsdp"),
+    "seq": None,
+    "act_embed": None,
+    "act_heads": "tp",
+    "act_kv_heads": "tp",
+    "act_vocab": "tp",
+    "layers": None,
+    "cache_slots": None,
+}
+
+# Logical axes of the KVCache fields (see agentrl_jax.models.kv_cache).
+KV_CACHE_AXES = ("layers", "batch", "cache_slots", "act_kv_heads", "head_dim")
+KV_LENGTHS_AXES = ("batch",)
+
+_log = logging.getLogger(__name__)
+M = TypeVar("M", bound=nnx.Module)
+
+
+def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None = None) -> Mesh:
+    """A mesh with axes ``(data, fsdp, tp)`` over ``devices`` (default: all devices).
+
+    Args:
+      shape: sizes of (data, fsdp, tp); one entry may be -1 to take the remaining devices.
+      devices: the devices to use (default ``jax.devices()``, all hosts' devices).
+
+    Raises:
+      ValueError: if the shape has the wrong length or does not multiply to the device count.
+    """
+    devices = list(jax.devices() if devices is None else devices)
+    shape = [int(s) for s in shape]
+    if len(shape) != len(MESH_AXES):
+        raise ValueError(f"mesh shape {tuple(shape)} must have one size per axis {MESH_AXES}")
+    if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
+        raise ValueError(f"mesh shape {tuple(shape)}: sizes must be positive, at most one -1")
+    if -1 in shape:
+        known = math.prod(s for s in shape if s != -1)
+        if len(devices) % known:
+            raise ValueError(
+                f"mesh shape {tuple(shape)} cannot fill {len(devices)} devices "
+                f"({len(devices)} is not divisible by {known})"
+            )
+        shape[shape.index(-1)] = len(devices) // known
+    if math.prod(shape) != len(devices):
+        raise ValueError(
+            f"mesh shape {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
+            f"but {len(devices)} are available"
+        )
+    # Auto axes: parameters and inputs carry explicit shardings and XLA's partitioner propagates
+    # them through the model, so the model code needs no mesh-aware annotations.
+    return jax.make_mesh(
+        tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+    )
+
+
+def _as_tuple(mesh_axes: MeshAxes) -> tuple[str, ...]:
+    if mesh_axes is None:
+        return ()
+    return (mesh_axes,) if isinstance(mesh_axes, str) else tuple(mesh_axes)
+
+
+def logical_to_spec(
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int] | None = None,
+    mesh: Mesh | None = None,
+    rules: dict[str, MeshAxes] | None = None,
+) -> PartitionSpec:
+    """The PartitionSpec for an array whose axes have the given logical names.
+
+    Args:
+      logical_axes: one logical name (or None, replicated) per array axis.
+      shape: the array's shape; with ``mesh``, an axis whose size is not divisible by its mesh
+        axes' total size is replicated instead of split.
+      mesh: the mesh (needed for the divisibility check and to drop axes the mesh lacks).
+      rules: the table to use (default ``LOGICAL_AXIS_RULES``).
+
+    Raises:
+      KeyError: for a logical name that the table does not know.
+    """
+    rules = LOGICAL_AXIS_RULES if rules is None else rules
+    if shape is not None and len(shape) != len(logical_axes):
+        raise ValueError(f"logical axes {tuple(logical_axes)} do not match shape {tuple(shape)}")
+    used: set[str] = set()
+    entries: list[MeshAxes] = []
+    for i, name in enumerate(logical_axes):
+        if name is None:
+            entries.append(None)
+            continue
+        if name not in rules:
+            raise KeyError(
+                f"logical axis {name!r} has no entry in the sharding rules; known: {sorted(rules)}"
+            )
+        axes = tuple(a for a in _as_tuple(rules[name]) if a not in used)
+        if mesh is not None:
+            axes = tuple(a for a in axes if a in mesh.shape)
+            if shape is not None and shape[i] % math.prod(mesh.shape[a] for a in axes):
+                axes = ()  # Not evenly divisible: replicate this axis.
+        used.update(axes)
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else axes)
+    return PartitionSpec(*entries)
+
+
+def named_sharding(
+    mesh: Mesh, logical_axes: Sequence[str | None], shape: Sequence[int] | None = None
+) -> NamedSharding:
+    """A NamedSharding for an array (input, activation or parameter) from its logical axes."""
+    return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh))
+
+
+def _is_variable(x: Any) -> bool:
+    return isinstance(x, nnx.Variable)
+
+
+def _variable_spec(var: nnx.Variable, mesh: Mesh | None) -> PartitionSpec:
+    axes = var.get_metadata().get("logical_axes")
+    if axes is None:
+        return PartitionSpec()  # Unannotated state (e.g. RNG counters): replicated.
+    return logical_to_spec(axes, np.shape(var.value), mesh)
+
+
+def state_specs(state: Any, mesh: Mesh | None = None) -> Any:
+    """PartitionSpecs for an ``nnx.State`` (or a module's state), one per Variable.
+
+    Works on abstract states from ``nnx.eval_shape`` too. With ``mesh``, indivisible axes are
+    replicated (see ``logical_to_spec``).
+    """
+    if isinstance(state, nnx.Module):
+        state = nnx.state(state)
+    return jax.tree.map(lambda v: _variable_spec(v, mesh), state, is_leaf=_is_variable)
+
+
+def state_shardings(state: Any, mesh: Mesh) -> Any:
+    """NamedShardings for an ``nnx.State`` (or a module's state), one per Variable."""
+    specs = state_specs(state, mesh)
+    return jax.tree.map(
+        lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
+    )
+
+
+def create_sharded_model(ctor: Callable[[], M], mesh: Mesh) -> M:
+    """Builds ``ctor()`` with every parameter created directly in its sharded layout.
+
+    The model is first traced abstractly (``nnx.eval_shape``: no memory) to learn its parameter
+    shapes and logical axes; then the initialiser runs under ``jax.jit`` with ``out_shardings``,
+    so each device only ever materialises its own shard.
+
+    Args:
+      ctor: a zero-argument function returning the module, e.g.
+        ``lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))``.
+      mesh: the device mesh.
+    """
+    abstract = nnx.eval_shape(ctor)
+    graphdef, abstract_state = nnx.split(abstract)
+    shardings = state_shardings(abstract_state, mesh)
+
+    def init():
+        return nnx.state(ctor())
+
+    state = jax.jit(init, out_shardings=shardings)()
+    return nnx.merge(graphdef, state)
+
+
+def shard_model(model: nnx.Module, mesh: Mesh) -> None:
+    """Moves an existing model's state, in place, into the layout the rules give on ``mesh``."""
+    state = nnx.state(model)
+    nnx.update(model, jax.device_put(state, state_shardings(state, mesh)))
+
+
+def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
+    """A KVCache-shaped pytree of NamedShardings for ``cache`` (for device_put / jit)."""
+    return cache.replace(
+        k=named_sharding(mesh, KV_CACHE_AXES, cache.k.shape),
+        v=named_sharding(mesh, KV_CACHE_AXES, cache.v.shape),
+        lengths=named_sharding(mesh, KV_LENGTHS_AXES, cache.lengths.shape),
+    )
+
+
+def maybe_initialize_distributed(
+    coordinator_address: str | None = None,
+    num_processes: int | None = None,
+    process_id: int | None = None,
+    *,
+    auto: bool | None = None,
+) -> bool:
+    """Starts JAX's multi-controller runtime when a multi-host run is configured.
+
+    Configured means: ``coordinator_address`` is given (then ``num_processes`` and ``process_id``
+    are passed along), or ``auto`` is true, or the environment variable
+    ``AGENTRL_DISTRIBUTED=1`` is set (``auto`` then lets JAX detect the cluster: TPU pods, SLURM,
+    Open MPI...). Otherwise, and when already initialised, it does nothing. It must run before
+    any other JAX call that touches devices.
+
+    Returns:
+      True if the runtime is initialised when this returns (by this call or an earlier one).
+    """
+    if jax.distributed.is_initialized():
+        return True
+    if auto is None:
+        auto = os.environ.get("AGENTRL_DISTRIBUTED", "0").lower() in ("1", "true", "auto")
+    if coordinator_address is None and not auto:
+        return False
+    if coordinator_address is not None and (num_processes is None or process_id is None):
+        raise ValueError(
+            f"coordinator_address={coordinator_address!r} also needs num_processes and process_id "
+            f"(got num_processes={num_processes}, process_id={process_id})"
+        )
+    jax.distributed.initialize(
+        coordinator_address=coordinator_address,
+        num_processes=num_processes,
+        process_id=process_id,
+    )
+    _log.info(
+        "jax.distributed: process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
+    return True

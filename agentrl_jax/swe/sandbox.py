@@ -1,0 +1,499 @@
+"""Runs untrusted commands (model-written code, a repository's test suite) in a sandbox.
+
+Two backends build the same jail; ``detect_backend`` picks one, ``AGENTRL_SANDBOX=bwrap|unshare``
+forces one (the tests force each):
+
+* ``bwrap`` (Debian package ``bubblewrap``): new PID, network, IPC and UTS namespaces, the whole
+  system bind-mounted read-only, a small private ``/tmp``, fresh ``/dev`` and ``/proc``.
+* ``unshare`` (util-linux): the same namespaces made with ``unshare``, then a generated shell
+  script remounts every mount read-only and mounts the private ``/tmp``, before dropping to the
+  sandbox user. Used where bubblewrap is missing.
+
+Both run the command as a dedicated non-root uid when the caller is root (``setpriv --reuid``,
+with every capability dropped and ``no_new_privs``): the process limit (RLIMIT_NPROC) counts per
+real uid and does not bind root at all, so each live sandbox leases its own uid from a small
+pool. A non-root caller keeps its own uid. Around both: ``prlimit`` sets CPU, address-space,
+file-size and process limits; the environment is scrubbed to a minimal PATH/HOME; only the
+workspace is writable; ``hidden`` paths are masked by empty tmpfs (``/root`` by default, and the
+runtime adds the task repositories so the gold patch cannot be read); ``exposed`` paths (the
+Python that runs the tests, when it lives under a hidden path) are bind-mounted back read-only.
+
+The wall-clock timeout kills the process group we started; the PID namespace's init dies with it
+(``--die-with-parent`` / ``--kill-child``), and the kernel then kills every process left in the
+namespace, including ones that called setsid. Output is read while the command runs and only a
+head and a tail are kept, so a command that prints gigabytes costs a bounded amount of memory; past
+``kill_output_bytes`` it is killed.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import fcntl
+import os
+import selectors
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+BACKENDS = ("bwrap", "unshare")
+_UID_BASE = 200_000  # far from system (<1000) and login (1000-60000) uids
+_UID_SLOTS = 1000
+_UID_LOCK_DIR = "/tmp/agentrl_swe_uids"
+
+
+class SandboxError(RuntimeError):
+    """The sandbox itself could not be set up (not a failure of the sandboxed command)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed command.
+
+    Attributes:
+      timeout_s: wall-clock seconds before the whole process tree is killed.
+      cpu_s: CPU seconds per process (RLIMIT_CPU).
+      memory_bytes: address space per process (RLIMIT_AS).
+      file_bytes: largest file a process may write (RLIMIT_FSIZE).
+      nproc: processes of the sandbox uid (RLIMIT_NPROC); binds only for a non-root uid.
+      tmp_bytes: size of the private /tmp.
+      keep_output_bytes: bytes of output kept (half head, half tail); the middle is counted.
+      kill_output_bytes: total output after which the command is killed.
+    """
+
+    timeout_s: float = 60.0
+    cpu_s: int = 120
+    memory_bytes: int = 4 << 30
+    file_bytes: int = 256 << 20
+    nproc: int = 256
+    tmp_bytes: int = 256 << 20
+    keep_output_bytes: int = 256 << 10
+    kill_output_bytes: int = 64 << 20
+
+
+@dataclasses.dataclass
+class ExecResult:
+    """What a command did.
+
+    Attributes:
+      exit_code: the exit status; negative for a signal; None when we killed it.
+      output: stdout and stderr interleaved, decoded; head + marker + tail when cut.
+      timed_out: the wall-clock limit was hit and the tree was killed.
+      output_killed: more than ``kill_output_bytes`` were printed and the tree was killed.
+      total_bytes: bytes the command printed in all.
+      elided_bytes: bytes dropped from the middle of ``output``.
+      wall_s: seconds from start to the end of the process tree.
+    """
+
+    exit_code: int | None
+    output: str
+    timed_out: bool = False
+    output_killed: bool = False
+    total_bytes: int = 0
+    elided_bytes: int = 0
+    wall_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out and not self.output_killed
+
+
+def detect_backend() -> str:
+    """The backend to use: ``$AGENTRL_SANDBOX`` if set, else bwrap if it works, else unshare.
+
+    Raises:
+      SandboxError: the forced backend is unknown, or neither tool is installed.
+    """
+    forced = os.environ.get("AGENTRL_SANDBOX", "").strip()
+    if forced:
+        if forced not in BACKENDS:
+            raise SandboxError(f"AGENTRL_SANDBOX={forced!r}: expected one of {BACKENDS}")
+        return forced
+    if shutil.which("bwrap") and _bwrap_works():
+        return "bwrap"
+    if shutil.which("unshare") and shutil.which("setpriv") and shutil.which("prlimit"):
+        return "unshare"
+    raise SandboxError(
+        "no sandbox available: install bubblewrap (apt-get install bubblewrap; scripts/setup.sh "
+        "does this when run as root) or util-linux (unshare, setpriv, prlimit)"
+    )
+
+
+_BWRAP_OK: bool | None = None
+
+
+def _bwrap_works() -> bool:
+    """bwrap is installed but may lack namespace rights (e.g. nested containers): try it once."""
+    global _BWRAP_OK
+    if _BWRAP_OK is None:
+        argv = ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"]
+        try:
+            _BWRAP_OK = subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            _BWRAP_OK = False
+    return _BWRAP_OK
+
+
+def default_exposed() -> tuple[str, ...]:
+    """Directories the sandboxed Python needs: this interpreter's prefixes and venv."""
+    paths = {sys.prefix, sys.base_prefix, os.path.dirname(os.path.realpath(sys.executable))}
+    return tuple(sorted(os.path.realpath(p) for p in paths))
+
+
+class _UidLease:
+    """A uid from the pool, held (flock) for as long as one Sandbox lives."""
+
+    def __init__(self):
+        os.makedirs(_UID_LOCK_DIR, mode=0o700, exist_ok=True)
+        start = os.getpid() % _UID_SLOTS
+        for i in range(_UID_SLOTS):
+            slot = (start + i) % _UID_SLOTS
+            fd = os.open(os.path.join(_UID_LOCK_DIR, str(slot)), os.O_CREAT | os.O_RDWR, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.fd, self.uid = fd, _UID_BASE + slot
+            return
+        raise SandboxError(f"all {_UID_SLOTS} sandbox uids are in use ({_UID_LOCK_DIR})")
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Sandbox:
+    """A jail around one writable workspace; ``run`` executes commands in it.
+
+    Args:
+      workspace: the only writable directory (host path; the same path inside).
+      limits: default limits of each command.
+      backend: 'bwrap' or 'unshare'; None picks with ``detect_backend``.
+      hidden: host paths masked by an empty tmpfs (the workspace must not lie under them, except
+        under /tmp which is always private).
+      exposed: host paths bind-mounted back read-only (under ``hidden`` paths).
+      path: PATH inside; defaults to the exposed Python's bin dir plus the system dirs.
+    """
+
+    def __init__(
+        self,
+        workspace: str,
+        limits: Limits = Limits(),
+        backend: str | None = None,
+        hidden: Sequence[str] = ("/root",),
+        exposed: Sequence[str] | None = None,
+        path: str | None = None,
+    ):
+        self.workspace = os.path.realpath(workspace)
+        if not os.path.isdir(self.workspace):
+            raise SandboxError(f"workspace {workspace!r} is not a directory")
+        self.limits = limits
+        self.backend = backend or detect_backend()
+        if self.backend not in BACKENDS:
+            raise SandboxError(f"backend={self.backend!r}: expected one of {BACKENDS}")
+        tools = ("bwrap", "prlimit") if self.backend == "bwrap" else ("unshare", "prlimit")
+        missing = [
+            t for t in tools + (("setpriv",) if os.geteuid() == 0 else ()) if not shutil.which(t)
+        ]
+        if missing:
+            raise SandboxError(f"sandbox backend {self.backend!r} needs {missing} on PATH")
+        self.hidden = tuple(sorted({os.path.realpath(h) for h in hidden}))
+        exposed = default_exposed() if exposed is None else exposed
+        exposed = sorted({os.path.realpath(e) for e in exposed if os.path.exists(e)})
+        # A path inside another exposed path is already visible.
+        self.exposed = tuple(
+            e for e in exposed if not any(e.startswith(o + "/") for o in exposed if o != e)
+        )
+        bin_dir = os.path.dirname(sys.executable)
+        self.path = path or f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
+        self.is_root = os.geteuid() == 0
+        self._lease = _UidLease() if self.is_root else None
+        self.uid = self._lease.uid if self._lease else os.getuid()
+        self.own(self.workspace)
+
+    def own(self, path: str) -> None:
+        """Gives ``path`` (recursively) to the sandbox uid so commands can write it."""
+        if not self.is_root:
+            return
+        os.lchown(path, self.uid, self.uid)
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                os.lchown(os.path.join(root, name), self.uid, self.uid)
+
+    def close(self) -> None:
+        """Returns the uid to the pool. Safe to call twice."""
+        if self._lease is not None:
+            self._lease.release()
+            self._lease = None
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def run(
+        self,
+        argv: Sequence[str] | str,
+        *,
+        cwd: str | None = None,
+        timeout_s: float | None = None,
+        env: dict[str, str] | None = None,
+        limits: Limits | None = None,
+    ) -> ExecResult:
+        """Runs ``argv`` (a string runs under ``bash -c``) in the jail and returns its result.
+
+        Args:
+          argv: the command; a string is a bash script.
+          cwd: directory inside the jail (default the workspace).
+          timeout_s: wall-clock limit, overriding ``limits.timeout_s``.
+          env: extra environment variables (nothing of the caller's leaks in otherwise).
+          limits: limits of this call.
+        """
+        if self._lease is None and self.is_root:
+            raise SandboxError("sandbox is closed")
+        limits = limits or self.limits
+        if timeout_s is not None:
+            limits = dataclasses.replace(limits, timeout_s=timeout_s)
+        if isinstance(argv, str):
+            argv = ["bash", "-c", argv]
+        cwd = os.path.realpath(cwd or self.workspace)
+        full_env = {
+            "PATH": self.path,
+            "HOME": "/tmp",
+            "TMPDIR": "/tmp",
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            **(env or {}),
+        }
+        if self.backend == "bwrap":
+            cmd = self._bwrap_argv(list(argv), cwd, full_env, limits)
+        else:
+            cmd = self._unshare_argv(list(argv), cwd, full_env, limits)
+        result = run_capped(cmd, limits, env={"PATH": _HOST_PATH})
+        if self.is_root:
+            # The namespace's processes die asynchronously after its init; wait them out so the
+            # next command (and the NPROC count) starts from zero.
+            _kill_uid(self.uid)
+        return result
+
+    def _prlimit(self, limits: Limits) -> list[str]:
+        return [
+            "prlimit",
+            f"--cpu={limits.cpu_s}:{limits.cpu_s + 1}",
+            f"--as={limits.memory_bytes}",
+            f"--fsize={limits.file_bytes}",
+            f"--nproc={limits.nproc}",
+            "--core=0",
+            "--",
+        ]
+
+    def _drop(self, env: dict[str, str]) -> list[str]:
+        """Switch to the sandbox uid (root callers) and replace the environment."""
+        drop = []
+        if self.is_root:
+            drop = [
+                "setpriv",
+                f"--reuid={self.uid}",
+                f"--regid={self.uid}",
+                "--clear-groups",
+                "--inh-caps=-all",
+                "--bounding-set=-all",
+                "--no-new-privs",
+                "--",
+            ]
+        return drop + ["env", "-i", *(f"{k}={v}" for k, v in env.items())]
+
+    def _bwrap_argv(self, argv, cwd, env, limits) -> list[str]:
+        cmd = self._prlimit(limits) + ["bwrap"]
+        if not self.is_root:
+            cmd += ["--unshare-user"]
+        cmd += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+        cmd += ["--unshare-cgroup-try", "--die-with-parent", "--new-session"]
+        cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
+        for h in self.hidden:
+            cmd += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", h]
+        cmd += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+        for e in self.exposed:
+            cmd += self._bwrap_parents(e) + ["--ro-bind", e, e]
+        cmd += self._bwrap_parents(self.workspace)
+        cmd += ["--bind", self.workspace, self.workspace, "--chdir", cwd, "--clearenv"]
+        if self.is_root:
+            # bwrap runs privileged (no user namespace, so the kernel counts processes against
+            # the real sandbox uid); it drops every capability except what setpriv needs.
+            for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
+                cmd += ["--cap-add", cap]
+        return cmd + ["--"] + self._drop(env) + argv
+
+    def _bwrap_parents(self, path: str) -> list[str]:
+        # bwrap would create missing mount points 0700, which the sandbox uid cannot traverse.
+        out = []
+        for top in (*self.hidden, "/tmp"):
+            if path.startswith(top + "/"):
+                parts = path[len(top) + 1 :].split("/")[:-1]
+                for i in range(len(parts)):
+                    out += ["--perms", "0755", "--dir", os.path.join(top, *parts[: i + 1])]
+        return out
+
+    def _unshare_argv(self, argv, cwd, env, limits) -> list[str]:
+        q = shlex.quote
+        keep = (*self.exposed, self.workspace)
+        if len(keep) > 7:  # dash redirects single-digit fds only (3..9)
+            raise SandboxError(f"unshare backend: at most 6 exposed paths, got {self.exposed}")
+        fds = {p: 3 + i for i, p in enumerate(keep)}
+        lines = ["set -e"]
+        # Opened before the masks below hide them; bound back through /proc/self/fd.
+        lines += [f"exec {fd}<{q(p)}" for p, fd in fds.items()]
+        lines += [
+            "mount --make-rprivate /",
+            # Every mount read-only; then private tmpfs over hidden paths and /tmp.
+            "for m in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do"
+            ' mount -o remount,bind,ro "$m" 2>/dev/null || true; done',
+        ]
+        for h in self.hidden:
+            lines.append(f"mount -t tmpfs -o size=1m,mode=755 tmpfs {q(h)}")
+        lines.append(f"mount -t tmpfs -o size={limits.tmp_bytes},mode=1777 tmpfs /tmp")
+        for e in self.exposed:
+            lines += [
+                f"mkdir -p {q(e)}",
+                f"mount --no-canonicalize -o bind /proc/self/fd/{fds[e]} {q(e)}",
+                f"mount -o remount,bind,ro {q(e)}",
+            ]
+        ws = self.workspace
+        lines += [
+            f"mkdir -p {q(ws)}",
+            f"mount --no-canonicalize -o bind /proc/self/fd/{fds[ws]} {q(ws)}",
+            f"mount -o remount,bind,rw {q(ws)}",
+            f"cd {q(cwd)}",
+        ]
+        for fd in fds.values():
+            lines.append(f"exec {fd}<&-")
+        lines.append("exec " + " ".join(q(a) for a in self._drop(env) + argv))
+        script = "\n".join(lines)
+        cmd = self._prlimit(limits) + ["unshare"]
+        if not self.is_root:
+            cmd += ["--user", "--map-root-user"]
+        cmd += ["--mount", "--pid", "--fork", "--kill-child", "--mount-proc"]
+        cmd += ["--net", "--ipc", "--uts", "--", "/bin/sh", "-c", script]
+        return cmd
+
+
+def _kill_uid(uid: int, patience_s: float = 5.0) -> None:
+    """SIGKILLs every process of ``uid`` (a leased sandbox uid: all of them are ours) until none."""
+    deadline = time.monotonic() + patience_s
+    while True:
+        pids = []
+        for name in os.listdir("/proc"):
+            if name.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.stat(f"/proc/{name}").st_uid == uid:
+                        pids.append(int(name))
+        if not pids or time.monotonic() > deadline:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+_HOST_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def run_capped(
+    argv: Sequence[str],
+    limits: Limits = Limits(),
+    *,
+    cwd: str | None = None,
+    env: dict[str, str] | None = None,
+    pass_fds: tuple[int, ...] = (),
+) -> ExecResult:
+    """Runs ``argv`` in its own process group, keeping a bounded head and tail of its output.
+
+    Not a sandbox by itself: the sandbox wraps its command line in this; the benchmark also calls
+    it directly as the unsandboxed reference.
+    """
+    head_cap = limits.keep_output_bytes // 2
+    tail_cap = limits.keep_output_bytes - head_cap
+    head = bytearray()
+    tail: collections.deque[bytes] = collections.deque()
+    tail_len = total = 0
+    timed_out = output_killed = False
+    t0 = time.monotonic()
+    deadline = t0 + limits.timeout_s
+    proc = subprocess.Popen(
+        list(argv),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        env=env,
+        pass_fds=pass_fds,
+        start_new_session=True,
+    )
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    with selectors.DefaultSelector() as sel:
+        sel.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                timed_out = True
+                break
+            if not sel.select(timeout=min(remaining, 0.5)):
+                continue
+            try:
+                chunk = os.read(fd, 1 << 16)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                break
+            total += len(chunk)
+            if len(head) < head_cap:
+                take = head_cap - len(head)
+                head += chunk[:take]
+                chunk = chunk[take:]
+            if chunk:
+                tail.append(chunk)
+                tail_len += len(chunk)
+                while tail and tail_len - len(tail[0]) >= tail_cap:
+                    tail_len -= len(tail.popleft())
+            if total > limits.kill_output_bytes:
+                output_killed = True
+                break
+    if not (timed_out or output_killed):
+        # EOF: let the leader finish exiting (without reaping it) so its exit status is real.
+        while time.monotonic() < deadline:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            if info is not None:
+                break
+            time.sleep(0.002)
+        else:
+            timed_out = True
+    # Kill the group before reaping the leader, so its pgid cannot have been reused.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    exit_code = proc.wait()
+    proc.stdout.close()
+    wall = time.monotonic() - t0
+    tail_bytes = b"".join(tail)[-tail_cap:] if tail else b""
+    elided = total - len(head) - len(tail_bytes)
+    text = head.decode("utf-8", "replace")
+    if elided:
+        text += f"\n[... {elided} bytes elided ...]\n"
+    text += tail_bytes.decode("utf-8", "replace")
+    return ExecResult(
+        exit_code=None if (timed_out or output_killed) else exit_code,
+        output=text,
+        timed_out=timed_out,
+        output_killed=output_killed,
+        total_bytes=total,
+        elided_bytes=elided,
+        wall_s=wall,
+    )

@@ -1,0 +1,237 @@
+"""The actor pool: batched reset/step, determinism, and real crash/hang recovery."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from agentrl_jax.envs import registry
+from agentrl_jax.envs.actors import ActorPool
+from agentrl_jax.envs.base import Env, Observation, Task, stable_key
+from agentrl_jax.envs.textworld_env import TextWorldEnv
+
+pytestmark = pytest.mark.filterwarnings("ignore:.*is not fully supported")
+
+
+class FaultyEnv(Env):
+    """Counts steps; the action "crash" kills the process, "hang" sleeps, "raise" raises.
+
+    A task param ``reset_sleep`` delays its reset (to see resets overlap other work).
+    """
+
+    def __init__(self, hang_s: float = 60.0):
+        self.hang_s = hang_s
+
+    def reset(self, task):
+        time.sleep(task.param("reset_sleep", 0.0))
+        if task.param("crash_on_reset"):
+            os._exit(7)
+        self.task, self.n = task, 0
+        return Observation(objective=task.id, text=f"{task.id}:0")
+
+    def step(self, action):
+        if action == "crash":
+            os._exit(3)  # No cleanup, no exception: what a segfault looks like from outside.
+        if action == "hang":
+            time.sleep(self.hang_s)
+        if action == "raise":
+            raise ValueError("boom")
+        self.n += 1
+        obs = Observation(objective=self.task.id, text=f"{self.task.id}:{self.n}:{action}")
+        info = {
+            "won": False,
+            "invalid_action": False,
+            "state_key": stable_key(self.task.id, self.n),
+            "pid": os.getpid(),
+        }
+        return obs, float(self.n), self.n >= 3, info
+
+
+registry.register("faulty-test", FaultyEnv, overwrite=True)
+
+
+def _tasks(n, **params):
+    return [Task("faulty-test", "train", str(i), tuple(params.items())) for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def faulty_pool():
+    with ActorPool(
+        "faulty-test", {"hang_s": 60.0}, num_workers=2, envs_per_worker=2, step_timeout_s=3.0
+    ) as pool:
+        yield pool
+
+
+def test_batched_reset_and_step(faulty_pool):
+    results = faulty_pool.reset(_tasks(3))
+    assert [r.observation.text for r in results] == ["0:0", "1:0", "2:0"]
+    out = faulty_pool.step(["a", None, "c"])
+    assert out[1] is None
+    assert [out[0].observation.text, out[2].observation.text] == ["0:1:a", "2:1:c"]
+    assert out[0].reward == 1.0 and not out[0].done and not out[0].infra_failure
+    # Episodes 0 and 2 live in the same worker (slot i -> worker i % 2), episode 1 in the other.
+    assert out[0].info["pid"] == out[2].info["pid"]
+    out = faulty_pool.step(["a", "b", "c"])
+    out = faulty_pool.step(["a", "b", "c"])
+    assert [r.done for r in out] == [True, False, True]
+    with pytest.raises(ValueError, match="episode 0 is done"):
+        faulty_pool.step(["a", "b", None])
+    with pytest.raises(ValueError, match="got 2 actions for a batch of 3"):
+        faulty_pool.step(["a", "b"])
+    with pytest.raises(ValueError, match="the pool holds 1..4 episodes"):
+        faulty_pool.reset(_tasks(5))
+
+
+def test_crash_is_recovered_and_its_episodes_marked(faulty_pool):
+    faulty_pool.reset(_tasks(4))
+    before = faulty_pool.worker_pids()
+    metrics = dict(faulty_pool.metrics)
+    # Episodes 1 and 3 share worker 1; episode 1 kills it, episode 3 (not stepped) is lost too.
+    out = faulty_pool.step(["a", "crash", "c", None])
+    assert not out[0].infra_failure and not out[2].infra_failure
+    assert out[1].infra_failure and out[1].done and "worker 1 crashed" in out[1].error
+    after = faulty_pool.worker_pids()
+    assert after[0] == before[0] and after[1] != before[1]
+    assert not psutil.pid_exists(before[1]) or psutil.Process(before[1]).status() == "zombie"
+    out = faulty_pool.step(["a", None, "c", "d"])
+    assert out[3].infra_failure and "worker 1 crashed" in out[3].error
+    assert out[0].observation.text == "0:2:a"  # The other worker's episodes went on.
+    assert faulty_pool.metrics["worker_crashes"] == metrics["worker_crashes"] + 1
+    assert faulty_pool.metrics["worker_restarts"] == metrics["worker_restarts"] + 1
+    assert faulty_pool.metrics["infra_failures"] == metrics["infra_failures"] + 2
+    # The restarted worker serves new episodes.
+    results = faulty_pool.reset(_tasks(4))
+    assert not any(r.infra_failure for r in results)
+    assert faulty_pool.step(["a"] * 4)[1].observation.text == "1:1:a"
+
+
+def test_hang_is_timed_out_and_recovered(faulty_pool):
+    faulty_pool.reset(_tasks(2))
+    hangs = faulty_pool.metrics["worker_hangs"]
+    t0 = time.monotonic()
+    out = faulty_pool.step(["a", "hang"])
+    elapsed = time.monotonic() - t0
+    assert 3.0 <= elapsed < 30.0  # step_timeout_s=3, then a restart; never the 60 s sleep.
+    assert out[1].infra_failure and "hung > 3 s during step" in out[1].error
+    assert not out[0].infra_failure and out[0].observation.text == "0:1:a"
+    assert faulty_pool.metrics["worker_hangs"] == hangs + 1
+    assert not faulty_pool.reset(_tasks(2))[1].infra_failure
+
+
+def test_crash_during_reset(faulty_pool):
+    tasks = _tasks(2)
+    tasks[1] = Task("faulty-test", "train", "1", (("crash_on_reset", True),))
+    results = faulty_pool.reset(tasks)
+    assert not results[0].infra_failure and results[0].observation.text == "0:0"
+    assert results[1].infra_failure and "crashed during reset" in results[1].error
+    out = faulty_pool.step(["a", None])
+    assert out[0].observation.text == "0:1:a"
+
+
+def test_env_exception_fails_one_episode_only(faulty_pool):
+    faulty_pool.reset(_tasks(4))
+    pids = faulty_pool.worker_pids()
+    out = faulty_pool.step(["raise", "a", "c", "d"])
+    assert out[0].infra_failure and "env raised ValueError: boom" in out[0].error
+    assert [r.infra_failure for r in out[1:]] == [False, False, False]
+    assert faulty_pool.worker_pids() == pids  # Nobody was restarted.
+    assert faulty_pool.step([None, "b", "c", "d"])[2].observation.text == "2:2:c"
+
+
+def test_resets_are_pipelined(faulty_pool):
+    """reset_async returns at once; 4 resets of 1 s on 2 workers take ~2 s, not 4."""
+    t0 = time.monotonic()
+    pending = faulty_pool.reset_async(_tasks(4, reset_sleep=1.0))
+    assert time.monotonic() - t0 < 0.5
+    with pytest.raises(RuntimeError, match="collect the pending resets"):
+        faulty_pool.step(["a"] * 4)
+    time.sleep(1.0)  # "Other work" while the workers reset.
+    results = pending.result()
+    assert time.monotonic() - t0 < 3.5
+    assert [r.observation.text for r in results] == ["0:0", "1:0", "2:0", "3:0"]
+    assert pending.result() is results
+
+
+def test_pool_is_deterministic_and_matches_sequential(textworld_games):
+    """TextWorld through 2 workers equals one env played sequentially, step for step."""
+    tasks = textworld_games["train"] + textworld_games["valid"]
+    kwargs = {"reward": "dense", "max_steps": 8}
+    scripts = ["look", "inventory", "xyzzy", "go north", "go south", "take all", "look", "open it"]
+
+    def trajectory(first_obs, results_per_step):
+        return [first_obs] + results_per_step
+
+    sequential = []
+    env = TextWorldEnv(**kwargs)
+    for task in tasks:
+        steps = [env.reset(task)]
+        for action in scripts:
+            obs, reward, done, info = env.step(action)
+            steps.append((obs, reward, done, info))
+            if done:
+                break
+        sequential.append(steps)
+
+    with ActorPool("textworld", kwargs, num_workers=2, envs_per_worker=2) as pool:
+        for _ in range(2):  # Twice: a reused pool gives the same answers.
+            pooled = [[r.observation] for r in pool.reset(tasks)]
+            for action in scripts:
+                actions = [action if len(p) == 1 or not p[-1][2] else None for p in pooled]
+                for p, r in zip(pooled, pool.step(actions)):
+                    if r is not None:
+                        assert not r.infra_failure, r.error
+                        p.append((r.observation, r.reward, r.done, r.info))
+            assert pooled == sequential
+        assert pool.metrics["infra_failures"] == 0
+
+
+def test_unknown_env_and_bad_kwargs_fail_clearly():
+    with pytest.raises(ValueError, match="unknown env 'nope'; valid names: .*textworld"):
+        ActorPool("nope", num_workers=1)
+    with pytest.raises(RuntimeError, match="(?s)could not build its envs.*reward='shaped'"):
+        ActorPool("textworld", {"reward": "shaped"}, num_workers=1)
+
+
+def test_clean_shutdown_without_close_leaves_no_orphans(tmp_path):
+    """A script that never closes its pool exits cleanly: no traceback, no live workers."""
+    script = tmp_path / "leaky.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path.insert(0, {os.path.dirname(__file__)!r})
+            from agentrl_jax.envs.actors import ActorPool
+            from agentrl_jax.envs.base import Task
+            if __name__ == "__main__":
+                pool = ActorPool("test_actors:FaultyEnv", num_workers=2)
+                pool.reset([Task("faulty-test", "train", str(i)) for i in range(2)])
+                print("PIDS", *pool.worker_pids(), flush=True)
+            """
+        )
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, cwd=repo
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+    pids = [int(p) for p in proc.stdout.split("PIDS")[1].split()]
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"orphan workers: {alive}"
+
+
+def test_close_stops_workers():
+    pool = ActorPool("faulty-test", num_workers=2)
+    pids = pool.worker_pids()
+    pool.close()
+    pool.close()  # Twice is fine.
+    assert not any(psutil.pid_exists(p) for p in pids)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.reset(_tasks(1))

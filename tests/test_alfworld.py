@@ -1,0 +1,278 @@
+"""ALFWorld without ../shared: data layout, game rebuild, engine play, state keys, bad input.
+
+Runs on the demo room (``alfworld_scenes``): one task of each of the six types written in the
+standard layout with the PDDL domain that the alfworld package ships.
+"""
+
+import json
+import pathlib
+import tarfile
+
+import pytest
+
+from agentrl_jax.envs import alfworld_data, alfworld_games, alfworld_scenes
+from agentrl_jax.envs.alfworld_env import ALFWorldEnv, clean_action, success_by_task_type
+from agentrl_jax.envs.base import Task
+
+NOTHING = "Nothing happens."
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """(data root, cache dir, env) with the six demo tasks in the train split."""
+    root = tmp_path_factory.mktemp("alfworld_data")
+    cache = tmp_path_factory.mktemp("alfworld_cache")
+    alfworld_scenes.write_demo_tasks(root)
+    env = ALFWorldEnv(data_dir=root, cache_dir=cache, max_steps=60)
+    yield root, cache, env
+    env.close()
+
+
+def _task(task_type):
+    return Task(env="alfworld", split="train", id=alfworld_scenes.demo_task_id(task_type))
+
+
+def _play_expert(env, task, limit=60):
+    obs = env.reset(task)
+    info = env._last[1]
+    transcript = [(obs.feedback, info["state_key"])]
+    rewards, done = [], False
+    while not done and len(rewards) < limit:
+        action = info["expert_action"]
+        assert action in obs.admissible_commands, (action, obs.admissible_commands)
+        obs, reward, done, info = env.step(action)
+        rewards.append(reward)
+        transcript.append((action, obs.feedback, info["state_key"]))
+    return info, rewards, transcript
+
+
+def test_missing_data_dir_says_how_to_get_it(tmp_path, monkeypatch):
+    with pytest.raises(alfworld_data.MissingDataError, match="alfworld-download") as err:
+        ALFWorldEnv(data_dir=tmp_path / "nowhere")
+    assert str(tmp_path / "nowhere") in str(err.value) and "does not exist" in str(err.value)
+    with pytest.raises(alfworld_data.MissingDataError, match="json_2.1.1"):
+        ALFWorldEnv(data_dir=tmp_path)  # Exists, but no json_2.1.1 and no pack.
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    with pytest.raises(alfworld_data.MissingDataError, match="ALFWORLD_DATA is unset"):
+        ALFWorldEnv()
+
+
+def test_alfworld_data_env_var_is_honoured(demo, monkeypatch):
+    root, cache, _ = demo
+    monkeypatch.setenv("ALFWORLD_DATA", str(root))
+    assert alfworld_data.resolve_data_dir(None, cache) == root
+    # The json_2.1.1 folder itself is accepted too.
+    assert alfworld_data.resolve_data_dir(root / "json_2.1.1", cache) == root
+
+
+def test_pack_is_unpacked_once_into_the_cache(demo, tmp_path):
+    root, _, _ = demo
+    pack = tmp_path / "src" / alfworld_data.TARBALL_NAME
+    pack.parent.mkdir()
+    with tarfile.open(pack, "w:xz") as tar:
+        tar.add(root / "json_2.1.1", arcname="json_2.1.1")
+    cache = tmp_path / "cache"
+    first = alfworld_data.resolve_data_dir(pack, cache)
+    stamp = (first / "json_2.1.1").stat().st_mtime_ns
+    assert alfworld_data.resolve_data_dir(pack.parent, cache) == first  # Folder holding the pack.
+    assert (first / "json_2.1.1").stat().st_mtime_ns == stamp  # Reused, not unpacked again.
+    assert alfworld_data.list_task_ids(first, "train") == alfworld_data.list_task_ids(root, "train")
+    broken = tmp_path / "broken.tar.xz"
+    broken.write_bytes(b"not a tarball")
+    with pytest.raises(alfworld_data.MissingDataError, match="cannot unpack"):
+        alfworld_data.resolve_data_dir(broken, cache)
+
+
+def test_tasks_are_named_and_typed(demo):
+    _, _, env = demo
+    tasks = env.tasks()
+    assert [t.id for t in tasks] == sorted(alfworld_scenes.demo_task_id(t)
+                                           for t in alfworld_data.TASK_TYPES)
+    assert {t.env for t in tasks} == {"alfworld"} and {t.split for t in tasks} == {"train"}
+    assert {alfworld_data.task_type_of(t.id) for t in tasks} == set(alfworld_data.TASK_TYPES)
+    heat = env.tasks(task_types=["pick_heat_then_place_in_recep"])
+    assert [t.id for t in heat] == [alfworld_scenes.demo_task_id("pick_heat_then_place_in_recep")]
+    with pytest.raises(ValueError, match="unknown ALFWorld split"):
+        env.tasks("test")
+    with pytest.raises(ValueError, match="unknown ALFWorld task types"):
+        env.tasks(task_types=["pick_and_eat"])
+
+
+def test_game_file_is_rebuilt_like_alfworld_and_cached(demo):
+    root, cache, _ = demo
+    from alfworld.gen import goal_library
+    from alfworld.info import ALFRED_PDDL_PATH, ALFRED_TWL2_PATH
+
+    task_type = "pick_two_obj_and_place"
+    task_id = alfworld_scenes.demo_task_id(task_type)
+    path = alfworld_games.build_game(root, "train", task_id, cache_dir=cache)
+    game = json.loads(path.read_text())
+    src = root / "json_2.1.1" / "train" / task_id
+    assert game["pddl_domain"] == pathlib.Path(ALFRED_PDDL_PATH).read_text()
+    assert game["pddl_problem"] == (src / "initial_state.pddl").read_text()
+    # The grammar is the shipped one with UNKNOWN GOAL replaced by one of alfworld's templates.
+    shipped = pathlib.Path(ALFRED_TWL2_PATH).read_text()
+    params = json.loads((src / "traj_data.json").read_text())["pddl_params"]
+    goals = [t.format(obj="alarmclock", recep="diningtable", toggle="", mrecep="")
+             for t in goal_library.gdict[task_type]["templates"]]
+    used = [g for g in goals if f"Your task is to: {g}." in game["grammar"]]
+    assert params["object_target"] == "AlarmClock" and len(used) == 1
+    assert game["grammar"].replace(used[0], "UNKNOWN GOAL") == shipped
+    # The expert reads the task parameters from the game's folder.
+    assert json.loads((path.parent / "traj_data.json").read_text())["pddl_params"] == params
+
+    stamp = path.stat().st_mtime_ns
+    assert alfworld_games.build_game(root, "train", task_id, cache_dir=cache) == path
+    assert path.stat().st_mtime_ns == stamp  # Cache hit: not rewritten.
+    path.write_text('{"pddl_domain": "trunc')  # A corrupt cached file is rebuilt.
+    assert alfworld_games.build_game(root, "train", task_id, cache_dir=cache) == path
+    assert json.loads(path.read_text())["grammar"] == game["grammar"]  # Same seeded goal text.
+
+
+def test_expert_wins_every_demo_task_type(demo):
+    _, _, env = demo
+    results = []
+    for task in env.tasks():
+        info, rewards, transcript = _play_expert(env, task)
+        assert info["won"] and info["score"] == 1.0 and not info["truncated"], transcript
+        assert rewards[-1] == 1.0 and sum(rewards) == 1.0  # Sparse: 1 on the winning step only.
+        assert info["task_type"] == alfworld_data.task_type_of(task.id)
+        results.append((task.id, info["won"]))
+    rates = success_by_task_type(results)
+    assert rates == {**{t: 1.0 for t in alfworld_data.TASK_TYPES}, "all": 1.0}
+
+
+def test_observation_fields_and_determinism(demo):
+    _, _, env = demo
+    task = _task("pick_heat_then_place_in_recep")
+    obs = env.reset(task)
+    assert obs.objective in ("heat some apple and put it in diningtable.",
+                             "put a hot apple in diningtable.")
+    assert obs.text.startswith("You are in the middle of a room.") and "Welcome" not in obs.text
+    assert "you see a cabinet 1" in obs.text and obs.feedback == ""
+    assert obs.inventory == "You are not carrying anything."
+    assert "go to countertop 1" in obs.admissible_commands and "look" in obs.admissible_commands
+    assert env._last[1]["expert_action"] == "look"  # alfworld's expert always starts with look.
+    _, _, first = _play_expert(env, task)
+    _, _, second = _play_expert(env, task)
+    assert first == second  # Same actions, texts and state keys: the expert is seeded.
+    obs = env.reset(task)
+    env.step("go to countertop 1")
+    obs, _, _, info = env.step("take apple 1 from countertop 1")
+    assert obs.inventory == "You are carrying: a apple 1."
+    assert not info["invalid_action"]
+
+
+def test_state_key_is_exact_where_text_is_not(demo):
+    _, _, env = demo
+    task = _task("pick_and_place_simple")
+    env.reset(task)
+    start = env._last[1]["state_key"]
+    env.reset(task)
+    assert env._last[1]["state_key"] == start  # Same task, same state: same key.
+    obs, _, _, info = env.step("open the pod bay doors")
+    assert obs.feedback == NOTHING and info["invalid_action"] and info["state_key"] == start
+    _, _, _, at_counter = env.step("go to countertop 1")
+    assert at_counter["state_key"] != start and not at_counter["invalid_action"]
+    obs, _, _, info = env.step("open the pod bay doors")
+    # Same text as at the start, different true state: the key tells them apart.
+    assert obs.feedback == NOTHING and info["state_key"] == at_counter["state_key"] != start
+    env.step("go to shelf 1")
+    _, _, _, back = env.step("go to countertop 1")
+    assert back["state_key"] == at_counter["state_key"]  # Going back restores the same state.
+    # An independent check on the engine: keys are equal exactly when the sets of true atoms
+    # are (the engine also keeps "not_..." negations of deleted atoms: history, not state).
+    def atoms():
+        return {str(f) for f in env._engine.state["_facts"] if not f.name.startswith("not_")}
+
+    facts_back = atoms()
+    env.step("look")
+    _, _, _, looked = env.step("go to countertop 1")
+    facts_looked = atoms()
+    assert (looked["state_key"] == back["state_key"]) == (facts_looked == facts_back)
+    assert facts_looked != facts_back  # 'look' marks the location as checked in the domain.
+
+
+@pytest.mark.parametrize(
+    "action, note",
+    [
+        ("", "empty action"),
+        ("   \n\t ", "empty action"),
+        ("go to " + "countertop " * 2000, "cut from"),
+        (b"go to \xff\xfe countertop 1", "non-UTF-8 bytes replaced"),
+        ("take \udcff from countertop 1", "invalid Unicode replaced"),
+        (None, "action was None"),
+        (12345, "converted to text"),
+        ("look\nlook\nlook", ""),
+        ("GO TO COUNTERTOP 1", ""),
+    ],
+)
+def test_malformed_actions_get_feedback_and_the_episode_goes_on(demo, action, note):
+    _, _, env = demo
+    task = _task("pick_cool_then_place_in_recep")
+    env.reset(task)
+    start = env._last[1]["state_key"]
+    obs, reward, done, info = env.step(action)
+    assert obs.feedback == NOTHING and info["invalid_action"] and reward == 0.0 and not done
+    assert info["state_key"] == start and note in info["action_note"]
+    assert (info["action_note"] == "") == (note == "")
+    obs, reward, done, info = env.step("go to countertop 1")  # The episode goes on.
+    assert obs.feedback.startswith("You arrive at countertop 1.") and not done
+
+
+def test_clean_action_outputs_engine_safe_text():
+    text, note = clean_action(b"\xc3\xa9t\xff")
+    assert text == "\u00e9t\ufffd" and note == "non-UTF-8 bytes replaced"
+    assert clean_action("go to desk 1") == ("go to desk 1", "")
+    text, _ = clean_action("x" * 10_000)
+    assert len(text) == 512
+    text.encode("utf-8")  # Always encodable.
+
+
+def test_step_limit_and_stepping_after_the_end(demo):
+    root, cache, _ = demo
+    env = ALFWorldEnv(data_dir=root, cache_dir=cache, max_steps=3, expert=None)
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.step("look")
+    obs = env.reset(_task("look_at_obj_in_light"))
+    assert env._last[1]["expert_action"] is None  # No expert asked for.
+    outcomes = [env.step("look") for _ in range(3)]
+    assert [o[2] for o in outcomes] == [False, False, True]
+    assert outcomes[-1][3]["truncated"] and not outcomes[-1][3]["won"] and outcomes[-1][1] == 0.0
+    obs, reward, done, info = env.step("look")
+    assert done and reward == 0.0 and "episode is over" in info["action_note"]
+    env.close()
+    env.close()  # Safe twice.
+
+
+def test_bad_task_input_gives_clear_errors_and_the_env_survives(demo, tmp_path):
+    _, cache, env = demo
+    root = tmp_path / "data"
+    good_type, bad_type = "pick_and_place_simple", "pick_heat_then_place_in_recep"
+    alfworld_scenes.write_demo_tasks(root, task_types=(good_type, bad_type))
+    bad = ALFWorldEnv(data_dir=root, cache_dir=cache)
+    bad_dir = root / "json_2.1.1" / "train" / alfworld_scenes.demo_task_id(bad_type)
+    pddl = bad_dir / "initial_state.pddl"
+
+    pddl.write_text(pddl.read_text().replace("(:init", "(:init (atLocation agent1"))  # Unbalanced.
+    with pytest.raises(Exception, match="initial_state|ALFWorld game") as err:
+        bad.reset(_task(bad_type))
+    assert "pick_heat_then_place_in_recep" in str(err.value)
+    obs = bad.reset(_task(good_type))  # The env goes on with a good task.
+    assert obs.objective and bad.step("look")[0].feedback
+
+    pddl.write_bytes(b"\xff\xfe not text")
+    with pytest.raises(alfworld_data.TaskDataError, match="initial_state.pddl"):
+        bad.reset(_task(bad_type))
+    (bad_dir / "traj_data.json").write_text('{"task_type": "pick_heat_then_place_in_recep"}')
+    with pytest.raises(alfworld_data.TaskDataError, match="pddl_params"):
+        bad.reset(_task(bad_type))
+    with pytest.raises(alfworld_data.TaskDataError, match="is missing"):
+        bad.reset(Task("alfworld", "train", "pick_and_place_simple-X-None-Y-1/trial_T0"))
+    with pytest.raises(alfworld_data.TaskDataError, match="must look like"):
+        bad.reset(Task("alfworld", "train", "pick_and_place_simple-X/../../etc"))
+    with pytest.raises(ValueError, match="not 'alfworld'"):
+        bad.reset(Task("textworld", "train", alfworld_scenes.demo_task_id(good_type)))
+    with pytest.raises(ValueError, match="does not start with a task type"):
+        bad.reset("make_coffee-Mug/trial_T0")
+    bad.close()

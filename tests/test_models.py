@@ -1,0 +1,169 @@
+"""The Qwen2 modules on their own: padding, the KV cache, remat, the value model, presets."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentrl_jax.models import KVCache, ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models.testing import TEST_CONFIG
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return Qwen2ForCausalLM(TEST_CONFIG, rngs=nnx.Rngs(0))
+
+
+def _tokens(shape, seed=0):
+    return jnp.asarray(np.random.RandomState(seed).randint(3, TEST_CONFIG.vocab_size, shape))
+
+
+def test_forward_shapes_and_dtypes(policy):
+    logits, cache = policy(_tokens((2, 5)))
+    assert logits.shape == (2, 5, TEST_CONFIG.vocab_size)
+    assert logits.dtype == jnp.float32
+    assert cache is None
+    assert bool(jnp.all(jnp.isfinite(logits)))
+
+    cfg16 = TEST_CONFIG.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
+    bf16 = Qwen2ForCausalLM(cfg16, rngs=nnx.Rngs(0))
+    nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(policy)))
+    assert bf16.trunk.layers[0].attn.q_weight_dnh[...].dtype == jnp.bfloat16
+    logits_bf16, _ = bf16(_tokens((2, 5)))
+    assert logits_bf16.dtype == jnp.float32  # logits are always f32 for stable log-probs
+    # The same weights in bf16: logits agree to bf16 precision (not to f32's).
+    diff = float(jnp.max(jnp.abs(logits_bf16 - logits)))
+    assert 0 < diff <= 0.05 * float(jnp.max(jnp.abs(logits)))
+
+
+def test_padding_left_and_right_matches_unpadded(policy):
+    seq = _tokens((1, 6), seed=1)
+    ref, _ = policy(seq)
+    pad = jnp.zeros((1, 3), jnp.int32)
+    left = jnp.concatenate([pad, seq], axis=1)
+    right = jnp.concatenate([seq, pad], axis=1)
+    batch = jnp.concatenate([left, right], axis=0)
+    mask = jnp.concatenate(
+        [jnp.arange(9)[None] >= 3, jnp.arange(9)[None] < 6], axis=0
+    ).astype(jnp.int32)
+    logits, _ = policy(batch, mask_bt=mask)
+    assert float(jnp.max(jnp.abs(logits[0, 3:] - ref[0]))) <= 1e-5
+    assert float(jnp.max(jnp.abs(logits[1, :6] - ref[0]))) <= 1e-5
+
+
+def test_cache_multi_turn_matches_full_forward(policy):
+    """Prefill of ragged prompts, single-token decode steps, then a second ragged chunk."""
+    full = _tokens((2, 14), seed=2)
+    lens1 = np.array([5, 3])  # first chunk: prompt lengths
+    lens2 = np.array([4, 6])  # a later chunk (e.g. the next observation)
+    cache = KVCache.create(TEST_CONFIG, batch=2, size=32)
+    step = jax.jit(lambda m, t, c, n: m(t, cache=c, num_new_b=n))
+
+    def rows(starts, width, lengths):
+        out = np.zeros((2, width), np.int32)
+        for b in range(2):
+            out[b, : lengths[b]] = full[b, starts[b] : starts[b] + lengths[b]]
+        return jnp.asarray(out)
+
+    got = {b: [] for b in range(2)}
+    pos = np.zeros(2, int)
+    for lengths in (lens1, np.array([1, 1]), np.array([1, 1]), lens2):
+        chunk = rows(pos, int(lengths.max()), lengths)
+        logits, cache = step(policy, chunk, cache, jnp.asarray(lengths, jnp.int32))
+        for b in range(2):
+            got[b].append(np.asarray(logits[b, : lengths[b]]))
+        pos += lengths
+    np.testing.assert_array_equal(cache.lengths, pos)
+    for b in range(2):
+        ref, _ = policy(full[b : b + 1, : pos[b]])
+        diff = np.abs(np.concatenate(got[b]) - np.asarray(ref[0])).max()
+        assert diff <= 1e-5, (b, diff)
+
+
+def _ce_loss(model, tokens):
+    logits, _ = model(tokens)
+    logp = jax.nn.log_softmax(logits[:, :-1])
+    return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+
+def test_remat_gives_same_grads(policy):
+    tokens = _tokens((2, 8), seed=3)
+    remat = Qwen2ForCausalLM(TEST_CONFIG.replace(remat=True), rngs=nnx.Rngs(0))
+    nnx.update(remat, nnx.state(policy))
+    loss_a, grads_a = jax.jit(nnx.value_and_grad(_ce_loss))(policy, tokens)
+    loss_b, grads_b = jax.jit(nnx.value_and_grad(_ce_loss))(remat, tokens)
+    assert abs(float(loss_a) - float(loss_b)) <= 1e-6
+    for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b), strict=True):
+        assert float(jnp.max(jnp.abs(a - b))) <= 1e-6
+    assert float(sum(jnp.sum(jnp.abs(g)) for g in jax.tree.leaves(grads_a))) > 0
+
+
+def test_value_model_from_policy(policy):
+    value = Qwen2ValueModel.from_policy(policy)
+    tokens = _tokens((2, 7), seed=4)
+    mask = jnp.ones((2, 7), jnp.int32).at[1, :2].set(0)
+    policy_leaves = jax.tree.leaves(nnx.state(policy.trunk))
+    value_leaves = jax.tree.leaves(nnx.state(value.trunk))
+    for p, v in zip(policy_leaves, value_leaves, strict=True):
+        np.testing.assert_array_equal(p, v)
+        # Copies, not aliases: donating one model's buffers must not free the other's.
+        assert p.unsafe_buffer_pointer() != v.unsafe_buffer_pointer()
+    hidden_p, _ = policy.trunk(tokens, mask_bt=mask)
+    hidden_v, _ = value.trunk(tokens, mask_bt=mask)
+    np.testing.assert_array_equal(hidden_p, hidden_v)
+    values = value(tokens, mask_bt=mask)
+    assert values.shape == (2, 7) and values.dtype == jnp.float32
+    np.testing.assert_array_equal(values, 0.0)  # zero-initialised head
+
+    # The head reads the trunk: a unit head weight gives each token's first hidden unit.
+    value.value_weight_d[...] = jnp.zeros_like(value.value_weight_d[...]).at[0].set(1.0)
+    value.value_bias[...] = jnp.asarray(0.5)
+    np.testing.assert_allclose(value(tokens, mask_bt=mask), hidden_p[..., 0] + 0.5, atol=1e-6)
+
+    # Training the critic's trunk leaves the policy's alone.
+    before = np.asarray(policy.trunk.embed_vd[...])
+    value.trunk.embed_vd[...] = value.trunk.embed_vd[...] + 1.0
+    np.testing.assert_array_equal(policy.trunk.embed_vd[...], before)
+
+
+def test_fresh_value_model():
+    value = Qwen2ValueModel(TEST_CONFIG, rngs=nnx.Rngs(1))
+    out = value(_tokens((3, 4)))
+    assert out.shape == (3, 4)
+    np.testing.assert_array_equal(out, 0.0)
+
+
+def test_preset_parameter_counts_match_transformers():
+    """Our count formula and module tree against transformers' own Qwen2 (on the meta device)."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from agentrl_jax.models.hf_checkpoint import config_to_hf
+
+    for name in ("qwen2.5-0.5b", "qwen2.5-7b"):
+        cfg = preset(name)
+        hf_cfg = transformers.Qwen2Config(**config_to_hf(cfg))
+        with torch.device("meta"):
+            hf_model = transformers.Qwen2ForCausalLM(hf_cfg)
+        assert cfg.num_params == sum(p.numel() for p in hf_model.parameters()), name
+    tiny = preset("tiny")
+    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(tiny, rngs=nnx.Rngs(0)))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert count == tiny.num_params
+    assert 1_000_000 < tiny.num_params < 10_000_000
+
+
+def test_config_errors():
+    with pytest.raises(ValueError, match="unknown model preset 'nope'"):
+        preset("nope")
+    with pytest.raises(ValueError, match="num_heads=6 must be a multiple of num_kv_heads=4"):
+        ModelConfig(
+            vocab_size=8,
+            hidden_size=8,
+            intermediate_size=8,
+            num_layers=1,
+            num_heads=6,
+            num_kv_heads=4,
+            head_dim=2,
+        )
