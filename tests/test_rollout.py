@@ -41,6 +41,7 @@ class ScriptedPool:
 
     def reset(self, tasks):
         self.t = [0] * len(tasks)
+        self.actions = []
         return [
             StepResult(self._obs(i), info={"state_key": 100, "expert_action": "go north"})
             for i in range(len(tasks))
@@ -54,7 +55,8 @@ class ScriptedPool:
                 continue
             self.t[i] += 1
             done = self.t[i] >= self.lengths[i % len(self.lengths)]
-            info = {"won": done, "state_key": 100 + self.t[i]}
+            self.actions.append(a)
+            info = {"won": done, "state_key": 100 + self.t[i], "expert_action": "take coin"}
             out.append(StepResult(self._obs(i), reward=1.0 if done else 0.0, done=done, info=info))
         return out
 
@@ -171,6 +173,20 @@ def test_episode_that_outgrows_the_context_is_truncated(setup):
     trajs, _ = _rollout(setup, "episode", lengths=(50,), max_turns=50, max_seq_len=96)
     assert all(t.truncated and not t.won for t in trajs)
     assert all(len(t.steps) >= 1 and all(s.action_ids for s in t.steps) for t in trajs)
+
+
+def test_expert_rollout_encodes_the_experts_command_once(setup):
+    tok, policy, template, sampler = setup
+    cfg = RolloutConfig(group_size=1, max_turns=5, max_new_tokens=6, max_seq_len=512)
+    pool = ScriptedPool((2,))
+    worker = RolloutWorker(pool, sampler, tok, template, cfg)
+    (traj,) = worker.run([Task("scripted", "train", "a")], jax.random.key(0), expert=True)
+    stop = template.stop_id(tok)
+    assert [s.action_ids for s in traj.steps] == [
+        tok.encode("go north", add_special_tokens=False) + [stop],
+        tok.encode("take coin", add_special_tokens=False) + [stop],
+    ]
+    assert pool.actions == ["go north", "take coin"] and traj.won
 
 
 def test_render_observation_lists_commands():

@@ -99,8 +99,14 @@ class RolloutWorker:
         *,
         sampling: SamplingParams | None = None,
         group_offset: int = 0,
+        expert: bool = False,
     ) -> list[Trajectory]:
-        """Plays ``group_size`` episodes of every task; returns them in task-major order."""
+        """Plays ``group_size`` episodes of every task; returns them in task-major order.
+
+        With ``expert=True`` the environment's expert acts instead of the policy (SFT
+        demonstrations): its command is encoded once and closed with the stop token, and the
+        contexts are built exactly as for the policy, so demonstrations and rollouts match.
+        """
         cfg = self.config
         episodes = [t for t in tasks for _ in range(cfg.group_size)]
         trajs = [
@@ -122,7 +128,7 @@ class RolloutWorker:
             trajs[i].steps.append(_empty_step(res.info))
 
         cache = None
-        if cfg.context_mode == "episode":
+        if cfg.context_mode == "episode" and not expert:
             cache = self.sampler.start(len(episodes), cfg.max_seq_len)
         used = np.zeros(len(episodes), np.int64)
 
@@ -136,7 +142,7 @@ class RolloutWorker:
                     continue
                 if cfg.context_mode == "episode":
                     ids = (self.system_ids if turn == 0 else []) + pending_ids[i]
-                    if used[i] + len(ids) + cfg.max_new_tokens > cache.size:
+                    if used[i] + len(ids) + cfg.max_new_tokens > cfg.max_seq_len:
                         trajs[i].truncated = True
                         trajs[i].steps.pop()  # the observation that did not fit gets no action
                         live[i] = False
@@ -147,14 +153,24 @@ class RolloutWorker:
                     feed.append(self._step_context(history[i], pending_ids[i], trajs[i]))
             if not any(feed):
                 break
-            if cfg.context_mode == "step":
-                cache = self.sampler.start(len(episodes), cfg.max_seq_len)
-            out = self.sampler.step_turn(
-                cache, feed, cfg.max_new_tokens, jax.random.fold_in(rng, turn), sampling=sampling
-            )
-            cache = out.cache if cfg.context_mode == "episode" else None
-            actions_ids = out.token_lists()
-            logprobs = np.asarray(out.policy_logprobs)
+            if expert:
+                actions_ids = [
+                    self._expert_ids(t.steps[-1].info) if f else [] for t, f in zip(trajs, feed)
+                ]
+                logprobs = np.zeros((len(episodes), cfg.max_new_tokens + 1), np.float32)
+            else:
+                if cfg.context_mode == "step":
+                    cache = self.sampler.start(len(episodes), cfg.max_seq_len)
+                out = self.sampler.step_turn(
+                    cache,
+                    feed,
+                    cfg.max_new_tokens,
+                    jax.random.fold_in(rng, turn),
+                    sampling=sampling,
+                )
+                cache = out.cache if cfg.context_mode == "episode" else None
+                actions_ids = out.token_lists()
+                logprobs = np.asarray(out.policy_logprobs)
             actions: list[str | None] = []
             for i in range(len(episodes)):
                 if not feed[i]:
@@ -207,6 +223,16 @@ class RolloutWorker:
                 f"{cfg.max_seq_len} with max_new_tokens={cfg.max_new_tokens}"
             )
         return self.system_ids + [t for turn in keep for t in turn] + obs_ids
+
+    def _expert_ids(self, info) -> list[int]:
+        action = info.get("expert_action")
+        if not action:
+            raise ValueError(
+                "expert rollout: the environment gave no expert_action; expert demonstrations "
+                "need an env with an expert (TextWorld, ALFWorld)"
+            )
+        ids = self.tokenizer.encode(action, add_special_tokens=False)[: self.config.max_new_tokens]
+        return ids + [self.template.stop_id(self.tokenizer)]
 
     def _decode_action(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
