@@ -6,6 +6,7 @@
 ``info`` always carries ``won`` (bool), ``invalid_action`` (bool) and ``state_key`` (an int that is
 equal exactly when the true environment states are equal; GiGPO and GAGPO group steps by it), plus
 ``score``/``max_score`` where the env keeps a score and ``expert_action`` where it has an expert.
+``env.reset_info()`` gives the same keys for the state right after a reset.
 """
 
 from __future__ import annotations
@@ -62,6 +63,12 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         """Applies one action (any text, even malformed) and returns (obs, reward, done, info)."""
+
+    def reset_info(self) -> dict[str, Any]:
+        """The info of the state the last ``reset`` produced: at least ``state_key`` and, where
+        the env has an expert, ``expert_action``. The actor pool returns it with each reset (the
+        rollout needs the initial state key and the expert's first action)."""
+        return {}
 
     def close(self) -> None:  # noqa: B027 - optional hook, a no-op by default
         """Frees engine resources. Safe to call twice."""

@@ -153,7 +153,7 @@ class Learner:
         )
         total = pg.value
         metrics = {"losses/policy_loss": pg.value}
-        metrics.update({f"losses/{k}": v.value for k, v in pg_metrics.items()})
+        metrics.update({_metric_name(k): v.value for k, v in pg_metrics.items()})
 
         entropy = shift_right(kernels.entropy_from_logits(logits))
         ent = kernels.entropy_bonus(entropy, mask, cfg.aggregation)
@@ -175,12 +175,12 @@ class Learner:
             )
             total = total + w.value * vf.value
             metrics["losses/value_loss"] = vf.value
-            metrics.update({f"losses/{k}": v.value for k, v in vf_metrics.items()})
+            metrics.update({_metric_name(k): v.value for k, v in vf_metrics.items()})
             metrics["losses/explained_variance"] = kernels.explained_variance(
                 values, batch["returns"], mask
             )
 
-        if self.envrl is not None and "aux_tokens" in batch:
+        if self.envrl is not None and "aux_sp_tokens" in batch:
             aux = self._envrl_loss(model, batch)
             total = total + aux["weighted"]
             metrics.update(aux["metrics"])
@@ -195,7 +195,7 @@ class Learner:
             tokens, tmask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_target_mask"]
             logits, _ = model(tokens, mask_bt=batch[f"aux_{kind}_mask"])
             nll = kernels.aggregate(-token_logprobs(logits, tokens), tmask, "token_mean")
-            weight = kernels.cosine_weight(w0, batch["iteration"], cfg.horizon)
+            weight = kernels.cosine_weight(batch["iteration"], w0, cfg.horizon)
             out = out + weight * nll.value
             metrics[f"envrl/{kind}_loss"] = nll.value
             metrics[f"envrl/{kind}_weight"] = weight
@@ -241,6 +241,10 @@ class Learner:
             value_opt=value_opt,
         )
         return new, metrics
+
+
+def _metric_name(name: str) -> str:
+    return name if "/" in name else f"losses/{name}"
 
 
 def _all_finite(tree) -> jax.Array:

@@ -100,6 +100,7 @@ class RolloutWorker:
         sampling: SamplingParams | None = None,
         group_offset: int = 0,
         expert: bool = False,
+        group_size: int | None = None,
     ) -> list[Trajectory]:
         """Plays ``group_size`` episodes of every task; returns them in task-major order.
 
@@ -107,11 +108,31 @@ class RolloutWorker:
         demonstrations): its command is encoded once and closed with the stop token, and the
         contexts are built exactly as for the policy, so demonstrations and rollouts match.
         """
+        group_size = group_size or self.config.group_size
+        capacity = getattr(self.pool, "capacity", None)
+        per_wave = len(tasks) if not capacity else max(1, capacity // group_size)
+        if per_wave < 1 or (capacity and group_size > capacity):
+            raise ValueError(
+                f"group_size={group_size} does not fit the actor pool ({capacity} episodes)"
+            )
+        out = []
+        for start in range(0, len(tasks), per_wave):
+            out += self._run_wave(
+                tasks[start : start + per_wave],
+                jax.random.fold_in(rng, start),
+                sampling=sampling,
+                group_offset=group_offset + start,
+                expert=expert,
+                group_size=group_size,
+            )
+        return out
+
+    def _run_wave(self, tasks, rng, *, sampling, group_offset, expert, group_size):
+        """One batch of episodes that fits the pool at once."""
         cfg = self.config
-        episodes = [t for t in tasks for _ in range(cfg.group_size)]
+        episodes = [t for t in tasks for _ in range(group_size)]
         trajs = [
-            Trajectory(task=t, group=group_offset + i // cfg.group_size)
-            for i, t in enumerate(episodes)
+            Trajectory(task=t, group=group_offset + i // group_size) for i, t in enumerate(episodes)
         ]
         results = self.pool.reset(episodes)
         live = []  # per episode: still playing

@@ -1,0 +1,264 @@
+"""The run configuration: ml_collections ConfigDicts from configs/*.py, frozen and validated here.
+
+``configs/<name>.py`` defines ``get_config(arg)`` returning a ConfigDict; absl flags choose and
+override it (``--config=configs/x.py --config.rl.algo=gagpo``). :func:`from_config_dict` turns it
+into frozen dataclasses and checks every value before any compute starts, so a wrong value fails
+with an error that names the field and lists the valid choices.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from agentrl_jax import kernels
+from agentrl_jax.models.config import PRESETS
+from agentrl_jax.training.curriculum import CurriculumConfig
+from agentrl_jax.training.rollout import RolloutConfig
+
+DTYPES = ("float32", "bfloat16")
+REWARDS = ("sparse", "dense")
+KL_MODES = ("loss", "reward")
+TEMPLATES = ("plain", "qwen")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field and the valid choices."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    preset: str = "tiny"
+    checkpoint: str = ""  # a local Hugging Face directory; empty: a fresh preset model
+    tokenizer: str = ""  # a local tokenizer dir; empty: the checkpoint's, or built from env text
+    tokenizer_vocab: int = 2048
+    template: str = "plain"
+    dtype: str = "float32"
+    remat: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSection:
+    name: str = "textworld"
+    kwargs: tuple[tuple[str, Any], ...] = ()
+    train_levels: tuple[str, ...] = ("simple",)
+    eval_levels: tuple[str, ...] = ("simple", "medium")
+    num_train_tasks: int = 200
+    num_eval_tasks: int = 50
+    num_workers: int = 2
+    envs_per_worker: int = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTSection:
+    epochs: int = 2
+    batch_size: int = 16
+    learning_rate: float = 1e-3
+    warmup_steps: int = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class BudgetSection:
+    """Practitioner's-guide units: one SFT demonstration costs 10, one RL episode 1."""
+
+    total: int = 2000
+    sft_fraction: float = 0.5
+
+
+@dataclasses.dataclass(frozen=True)
+class RLSection:
+    algo: str = "grpo"
+    loss: str = "ppo"
+    tasks_per_iteration: int = 8
+    epochs: int = 2
+    minibatch_size: int = 16
+    actor_lr: float = 1e-4
+    critic_lr: float = 1e-3
+    max_grad_norm: float = 1.0
+    gamma: float = 1.0
+    lam: float = 0.95
+    norm_by_std: bool = True
+    step_weight: float = 1.0
+    kl_coef: float = 0.0
+    kl_mode: str = "loss"
+    entropy_coef: float = 0.0
+    value_coef: float = 0.5
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    dual_clip: float | None = None
+    ratio_level: str = "token"
+    aggregation: str = "token_mean"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvrlSection:
+    enabled: bool = False
+    sp_weight: float = 0.1
+    id_weight: float = 0.1
+    horizon: int = 100
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSection:
+    keep_last: int = 2
+    keep_best: int = 1
+    every: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    seed: int
+    model: ModelSection
+    mesh: tuple[int, int, int]
+    env: EnvSection
+    rollout: RolloutConfig
+    curriculum: CurriculumConfig
+    sft: SFTSection
+    budget: BudgetSection
+    rl: RLSection
+    envrl: EnvrlSection
+    checkpoint: CheckpointSection
+    eval_every: int
+
+    @property
+    def needs_critic(self) -> bool:
+        return kernels.get_advantage_spec(self.rl.algo).needs_values
+
+    def advantage_config(self) -> kernels.AdvantageConfig:
+        rl = self.rl
+        return kernels.AdvantageConfig(
+            gamma=rl.gamma,
+            lam=rl.lam,
+            norm_by_std=rl.norm_by_std,
+            step_weight=rl.step_weight,
+            kl_coef=rl.kl_coef if rl.kl_mode == "reward" else 0.0,
+        )
+
+    def loss_config(self) -> kernels.LossConfig:
+        rl = self.rl
+        return kernels.LossConfig(
+            clip_low=rl.clip_low,
+            clip_high=rl.clip_high,
+            dual_clip=rl.dual_clip,
+            ratio_level=rl.ratio_level,
+            aggregation=rl.aggregation,
+        )
+
+
+def _section(cls, cd, path: str):
+    """Builds dataclass ``cls`` from ConfigDict ``cd``; unknown keys are errors."""
+    values = dict(cd) if cd is not None else {}
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise ConfigError(f"{path}: unknown field(s) {unknown}; valid fields: {sorted(fields)}")
+    out = {}
+    for name, value in values.items():
+        if isinstance(value, (list, tuple)):
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
+        elif hasattr(value, "items"):
+            value = tuple(sorted(dict(value).items()))
+        out[name] = value
+    try:
+        return cls(**out)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from e
+
+
+def _choice(path: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{path} is {value!r}; valid choices: {sorted(choices)}")
+
+
+def _positive(path: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(f"{path} is {value!r}; expected > 0")
+
+
+def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
+    """Validates a ConfigDict and freezes it into a RunConfig (no compute happens here)."""
+    model = _section(ModelSection, cd.get("model"), "config.model")
+    if not model.checkpoint:
+        _choice("config.model.preset", model.preset, PRESETS)
+    _choice("config.model.dtype", model.dtype, DTYPES)
+    _choice("config.model.template", model.template, TEMPLATES)
+    env = _section(EnvSection, cd.get("env"), "config.env")
+    rollout = _section(RolloutConfig, cd.get("rollout"), "config.rollout")
+    sft = _section(SFTSection, cd.get("sft"), "config.sft")
+    budget = _section(BudgetSection, cd.get("budget"), "config.budget")
+    rl = _section(RLSection, cd.get("rl"), "config.rl")
+    envrl = _section(EnvrlSection, cd.get("envrl"), "config.envrl")
+    ckpt = _section(CheckpointSection, cd.get("checkpoint"), "config.checkpoint")
+
+    _choice("config.rl.algo", rl.algo, kernels.advantage_estimators())
+    _choice("config.rl.loss", rl.loss, kernels.policy_losses())
+    _choice("config.rl.kl_mode", rl.kl_mode, KL_MODES)
+    for name in ("actor_lr", "critic_lr", "max_grad_norm"):
+        _positive(f"config.rl.{name}", getattr(rl, name))
+    for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
+        _positive(f"config.rl.{name}", getattr(rl, name))
+    _positive("config.sft.learning_rate", sft.learning_rate)
+    if not 0.0 <= budget.sft_fraction <= 1.0:
+        raise ConfigError(f"config.budget.sft_fraction is {budget.sft_fraction}; expected [0, 1]")
+    spec = kernels.get_advantage_spec(rl.algo)
+    if spec.needs_values and rollout.context_mode != "episode":
+        raise ConfigError(
+            f"config.rl.algo={rl.algo!r} uses a critic over the whole trajectory; it needs "
+            f"config.rollout.context_mode='episode' (got {rollout.context_mode!r})"
+        )
+    if rl.algo in ("grpo", "rloo", "gigpo", "gagpo") and rollout.group_size < 2:
+        raise ConfigError(
+            f"config.rl.algo={rl.algo!r} compares rollouts within a group; it needs "
+            f"config.rollout.group_size >= 2 (got {rollout.group_size})"
+        )
+    try:
+        kernels.AdvantageConfig(gamma=rl.gamma, lam=rl.lam, step_weight=rl.step_weight)
+        kernels.LossConfig(
+            clip_low=rl.clip_low,
+            clip_high=rl.clip_high,
+            dual_clip=rl.dual_clip,
+            ratio_level=rl.ratio_level,
+            aggregation=rl.aggregation,
+        )
+    except ValueError as e:
+        raise ConfigError(f"config.rl: {e}") from e
+
+    cur = cd.get("curriculum") or {}
+    stages = cur.get("stages") or [[(level, 1.0) for level in env.train_levels]]
+    try:
+        curriculum = CurriculumConfig(
+            stages=tuple(tuple((str(lv), float(w)) for lv, w in stage) for stage in stages),
+            stage_iterations=(
+                tuple(cur["stage_iterations"]) if cur.get("stage_iterations") else None
+            ),
+            advance_at=cur.get("advance_at"),
+            window=int(cur.get("window", 64)),
+        )
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.curriculum: {e}") from e
+
+    mesh = tuple(int(x) for x in cd.get("mesh", (1, 1, 1)))
+    if len(mesh) != 3 or any(x < 1 for x in mesh):
+        raise ConfigError(f"config.mesh is {mesh}; expected three positive sizes (data, fsdp, tp)")
+    if num_devices is not None and mesh[0] * mesh[1] * mesh[2] != num_devices:
+        raise ConfigError(
+            f"config.mesh={mesh} needs {mesh[0] * mesh[1] * mesh[2]} devices; this run has "
+            f"{num_devices} (the product of (data, fsdp, tp) must equal the device count)"
+        )
+    return RunConfig(
+        seed=int(cd.get("seed", 0)),
+        model=model,
+        mesh=mesh,
+        env=env,
+        rollout=rollout,
+        curriculum=curriculum,
+        sft=sft,
+        budget=budget,
+        rl=rl,
+        envrl=envrl,
+        checkpoint=ckpt,
+        eval_every=int(cd.get("eval_every", 0)),
+    )

@@ -1,0 +1,354 @@
+"""Held-out evaluation: success rates per task type, reports, before/after tables, learning curves.
+
+    result = evaluate(worker, tasks, jax.random.key(0))          # greedy by default
+    write_report(result, workdir / "eval", "simple_after_rl")   # .json + .md
+    print(before_after_table([("simple (training complexity)", sft_simple, rl_simple),
+                              ("medium (next harder)", sft_medium, rl_medium)]))
+    plot_learning_curve(workdir / "tb", workdir / "eval" / "learning_curve.png")
+
+Task type: what success is broken down by. The env's own report wins (a ``task_type`` in the
+trajectory's step info, as ALFWorld's env sends it); then the task's params (``task_type``, then
+the TextWorld game ``spec``, named by its preset when it is one: simple, medium, hard, else the
+spec's name such as custom-r6-o10-q5 or tw-cooking-...); then, for ALFWorld, the type encoded in
+the task id; else the first part of the task id.
+
+Episodes lost to the actor pool (``infra_failure``) say nothing about the policy: they are left
+out of every rate and mean, and counted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+from agentrl_jax.sampling import SamplingParams
+from agentrl_jax.training.rollout import RolloutWorker
+from agentrl_jax.training.trajectory import Trajectory
+
+DEFAULT_CURVE_TAGS = (
+    "rollout/success_rate",
+    "rollout/return",
+    "eval/success_rate",
+    "sft/nll",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """Outcomes of a set of episodes (infrastructure failures excluded from all but their count).
+
+    Attributes:
+      episodes: episodes counted (infrastructure failures excluded).
+      wins: episodes won.
+      success_rate: wins / episodes (nan when no episode counted).
+      mean_steps: actions per counted episode.
+      mean_return: summed reward per counted episode.
+      invalid_action_rate: share of counted steps the env flagged as invalid actions.
+      truncated: counted episodes that ended on the step or context limit, unwon.
+      infra_failures: episodes lost to the actor pool, left out of the above.
+    """
+
+    episodes: int
+    wins: int
+    success_rate: float
+    mean_steps: float
+    mean_return: float
+    invalid_action_rate: float
+    truncated: int
+    infra_failures: int
+
+    @classmethod
+    def of(cls, trajs: Sequence[Trajectory]) -> Stats:
+        counted = [t for t in trajs if not t.infra_failure]
+        n = len(counted)
+        steps = sum(len(t.steps) for t in counted)
+        invalid = sum(bool(s.info.get("invalid_action", False)) for t in counted for s in t.steps)
+        wins = sum(t.won for t in counted)
+        nan = float("nan")
+        return cls(
+            episodes=n,
+            wins=wins,
+            success_rate=wins / n if n else nan,
+            mean_steps=steps / n if n else nan,
+            mean_return=sum(t.episode_return for t in counted) / n if n else nan,
+            invalid_action_rate=invalid / steps if steps else nan,
+            truncated=sum(t.truncated and not t.won for t in counted),
+            infra_failures=len(trajs) - n,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalResult:
+    """Attributes:
+    overall: Stats of every episode.
+    per_type: Stats per task type, sorted by type.
+    greedy: whether actions were greedy.
+    num_tasks: tasks evaluated (each played group_size times when sampling).
+    """
+
+    overall: Stats
+    per_type: dict[str, Stats]
+    greedy: bool
+    num_tasks: int
+
+    @property
+    def success_rate(self) -> float:
+        return self.overall.success_rate
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "greedy": self.greedy,
+            "num_tasks": self.num_tasks,
+            "overall": _json_stats(self.overall),
+            "per_type": {k: _json_stats(v) for k, v in self.per_type.items()},
+        }
+
+
+def task_type(traj: Trajectory) -> str:
+    """The category a trajectory's success is reported under (see the module docstring)."""
+    for step in traj.steps:
+        if step.info.get("task_type"):
+            return str(step.info["task_type"])
+    task = traj.task
+    if task.param("task_type"):
+        return str(task.param("task_type"))
+    if task.param("spec"):
+        return _level_name(str(task.param("spec")))
+    if task.env == "alfworld":
+        from agentrl_jax.envs.alfworld_data import task_type_of  # noqa: PLC0415 - optional env.
+
+        return task_type_of(task.id)
+    return task.id.split("/", 1)[0]
+
+
+def _level_name(spec: str) -> str:
+    """A TextWorld game spec's preset name (``custom-r2-o3-q2`` -> ``simple``), else the spec."""
+    from agentrl_jax.envs import games  # noqa: PLC0415 - light; textworld itself stays unloaded.
+
+    for level in games.PRESETS:
+        if games.parse_spec(level).name == spec:
+            return level
+    return spec
+
+
+def summarize(trajs: Sequence[Trajectory], *, greedy: bool, num_tasks: int) -> EvalResult:
+    """Aggregates played episodes into an EvalResult."""
+    by_type: dict[str, list[Trajectory]] = {}
+    for traj in trajs:
+        by_type.setdefault(task_type(traj), []).append(traj)
+    return EvalResult(
+        overall=Stats.of(trajs),
+        per_type={k: Stats.of(v) for k, v in sorted(by_type.items())},
+        greedy=greedy,
+        num_tasks=num_tasks,
+    )
+
+
+def evaluate(
+    worker: RolloutWorker,
+    tasks: Sequence[Any],
+    rng: jax.Array,
+    *,
+    greedy: bool = True,
+    sampling: SamplingParams | None = None,
+    batch_size: int | None = None,
+) -> EvalResult:
+    """Plays every task with the policy and reports success overall and per task type.
+
+    Args:
+      worker: a RolloutWorker (its pool, sampler and context settings are used as they are).
+      tasks: held-out tasks.
+      rng: the sampling key (unused by greedy decoding, kept for sampled evaluation).
+      greedy: argmax decoding, one episode per task (a greedy group would repeat it G times);
+        False samples ``worker.config.group_size`` episodes per task with ``sampling``.
+      sampling: the distribution when not greedy (default: the sampler's own).
+      batch_size: episodes played at once (default: the actor pool's capacity, else all).
+
+    Returns:
+      EvalResult.
+    """
+    if not tasks:
+        raise ValueError("evaluate() got no tasks; expected at least one held-out task")
+    if greedy:
+        sampling = SamplingParams(temperature=0.0)
+        cfg = dataclasses.replace(worker.config, group_size=1)
+        worker = RolloutWorker(worker.pool, worker.sampler, worker.tokenizer, worker.template, cfg)
+    group = worker.config.group_size
+    capacity = batch_size or getattr(worker.pool, "capacity", None) or len(tasks) * group
+    per_call = max(1, capacity // group)
+    trajs: list[Trajectory] = []
+    for c, start in enumerate(range(0, len(tasks), per_call)):
+        chunk = list(tasks[start : start + per_call])
+        trajs += worker.run(
+            chunk, jax.random.fold_in(rng, c), sampling=sampling, group_offset=start
+        )
+    return summarize(trajs, greedy=greedy, num_tasks=len(tasks))
+
+
+# ------------------------------------------------------------------------------------ reports
+
+
+def write_report(result: EvalResult, out_dir: str | os.PathLike, name: str) -> tuple[str, str]:
+    """Writes ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``; returns their paths."""
+    if not name or os.sep in name or name.startswith("."):
+        raise ValueError(f"report name {name!r}: expected a plain file stem such as 'eval_simple'")
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, f"{name}.json")
+    md_path = os.path.join(out_dir, f"{name}.md")
+    with open(json_path, "w") as f:
+        json.dump({"name": name, **result.to_json()}, f, indent=2, allow_nan=False)
+        f.write("\n")
+    with open(md_path, "w") as f:
+        f.write(f"# Evaluation: {name}\n\n{markdown_table(result)}\n")
+    return json_path, md_path
+
+
+def markdown_table(result: EvalResult) -> str:
+    """One row per task type, then the overall row."""
+    lines = [
+        "| task type | episodes | success | mean steps | mean return | invalid actions "
+        "| infra failures |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    rows = [*result.per_type.items(), ("**all**", result.overall)]
+    for label, s in rows:
+        lines.append(
+            f"| {label} | {s.episodes} | {_pct(s.success_rate)} | {_num(s.mean_steps)} "
+            f"| {_num(s.mean_return, 3)} | {_pct(s.invalid_action_rate)} | {s.infra_failures} |"
+        )
+    mode = "greedy" if result.greedy else "sampled"
+    lines.append(f"\n{result.num_tasks} tasks, {mode} actions.")
+    return "\n".join(lines)
+
+
+def before_after_table(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> str:
+    """The main job's table: held-out success after SFT alone and after RL, per evaluation set.
+
+    Args:
+      rows: (label, result after SFT, result after RL), e.g. the training complexity, then the
+        next harder one.
+
+    Returns:
+      A markdown table; the last column is RL's gain in percentage points.
+    """
+    if not rows:
+        raise ValueError("before_after_table got no rows; expected (label, sft, rl) tuples")
+    lines = [
+        "| held-out set | episodes | after SFT | after RL | RL gain |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, sft, rl in rows:
+        gain = 100.0 * (rl.success_rate - sft.success_rate)
+        episodes = (
+            str(sft.overall.episodes)
+            if sft.overall.episodes == rl.overall.episodes
+            else f"{sft.overall.episodes} / {rl.overall.episodes}"
+        )
+        lines.append(
+            f"| {label} | {episodes} | {_pct(sft.success_rate)} | {_pct(rl.success_rate)} "
+            f"| {'n/a' if math.isnan(gain) else f'{gain:+.1f} pts'} |"
+        )
+    return "\n".join(lines)
+
+
+def _json_stats(s: Stats) -> dict[str, Any]:
+    # JSON has no NaN: an empty set's rates are null.
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in vars(s).items()}
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100.0 * x:.1f}%"
+
+
+def _num(x: float, digits: int = 2) -> str:
+    return "n/a" if math.isnan(x) else f"{x:.{digits}f}"
+
+
+# ------------------------------------------------------------------------------------ plots
+
+
+def plot_learning_curve(
+    logdir: str | os.PathLike,
+    out_png: str | os.PathLike,
+    tags: Sequence[str] | None = None,
+    *,
+    title: str | None = None,
+) -> list[str]:
+    """Plots TensorBoard scalars against the step, one panel per tag, into a PNG.
+
+    Args:
+      logdir: a folder of TensorBoard event files (``SummaryWriter``'s logdir).
+      out_png: the PNG to write (folders are created).
+      tags: the scalars to plot; every one must exist. None plots those of
+        ``DEFAULT_CURVE_TAGS`` that exist (at least one must).
+      title: the figure title (default: the logdir).
+
+    Returns:
+      The tags plotted.
+    """
+    import matplotlib  # noqa: PLC0415 - only the plotting path needs it.
+
+    matplotlib.use("Agg")  # No display: render to files only.
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    from agentrl_jax.training.tensorboard import read_scalars  # noqa: PLC0415
+
+    if not os.path.isdir(logdir):
+        raise FileNotFoundError(f"TensorBoard logdir {logdir} does not exist")
+    scalars = read_scalars(str(logdir))
+    if tags is None:
+        chosen = [t for t in DEFAULT_CURVE_TAGS if t in scalars]
+        if not chosen:
+            raise ValueError(
+                f"{logdir} holds none of the default tags {DEFAULT_CURVE_TAGS}; pass tags= "
+                f"from the ones it has: {sorted(scalars)}"
+            )
+    else:
+        missing = [t for t in tags if t not in scalars]
+        if missing or not tags:
+            raise ValueError(
+                f"{logdir} has no scalar {missing or 'at all (tags is empty)'}; "
+                f"its tags: {sorted(scalars)}"
+            )
+        chosen = list(tags)
+    fig, axes = plt.subplots(
+        len(chosen), 1, figsize=(7, 2.4 * len(chosen) + 0.6), sharex=True, squeeze=False
+    )
+    for ax, tag in zip(axes[:, 0], chosen):
+        # A resumed run rewrites the steps after its checkpoint: the last value written wins
+        # (event files are read in the order they were written).
+        by_step = dict(scalars[tag])
+        steps = sorted(by_step)
+        values = [by_step[s] for s in steps]
+        ax.plot(steps, values, marker="o" if len(steps) <= 50 else None, ms=3, lw=1.5)
+        ax.set_ylabel(tag, fontsize=8)
+        ax.grid(alpha=0.3)
+        if "success" in tag:
+            ax.set_ylim(-0.02, 1.02)
+    axes[-1, 0].set_xlabel("step")
+    fig.suptitle(title or f"learning curve: {os.path.basename(os.path.normpath(logdir))}")
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
+    fig.savefig(out_png, format="png", dpi=100)
+    plt.close(fig)
+    return chosen
+
+
+__all__ = [
+    "DEFAULT_CURVE_TAGS",
+    "EvalResult",
+    "Stats",
+    "before_after_table",
+    "evaluate",
+    "markdown_table",
+    "plot_learning_curve",
+    "summarize",
+    "task_type",
+    "write_report",
+]

@@ -1,0 +1,141 @@
+"""From trajectories to the arrays one RL update reads: rows, old/ref log-probs, advantages.
+
+Whole-episode mode: one row per trajectory; the kernels' Batch is built over those rows directly
+(loss mask and step ids of the tokens, rewards per step), so token-level GAE runs over the agent
+tokens of the whole trajectory.
+
+Step-wise mode: one row per step, but credit is assigned per trajectory: a step-level Batch with
+one pseudo-token per step (loss mask = step mask, step id = the step) gives ``Advantages.steps``
+[B, S] (or token advantages over pseudo-tokens, the same numbers), and each step row's action
+tokens receive its step's advantage. Critic-based estimators need the episode mode (config
+validation enforces it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from agentrl_jax import kernels
+from agentrl_jax.training.trajectory import (
+    TokenRows,
+    Trajectory,
+    episode_rows,
+    step_arrays,
+    step_rows,
+)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def length_bucket(n: int, minimum: int = 32) -> int:
+    """Power-of-two length buckets (and their midpoints), so updates compile once per bucket."""
+    size = minimum
+    while size < n:
+        half = size + size // 2
+        if half >= n:
+            return half
+        size *= 2
+    return size
+
+
+@dataclasses.dataclass
+class RLRows:
+    rows: TokenRows
+    arrays: object  # StepArrays of the trajectories
+    step_of_row: np.ndarray | None  # step-wise mode: the step index of each row
+
+
+def build_rows(trajs: list[Trajectory], mode: str, pad_id: int, row_multiple: int) -> RLRows:
+    """Token rows padded to a length bucket and to a multiple of ``row_multiple`` rows."""
+    num_steps = max(len(t.steps) for t in trajs)
+    arrays = step_arrays(trajs, num_steps)
+    if mode == "episode":
+        longest = max(t.num_tokens for t in trajs)
+        rows = episode_rows(trajs, length_bucket(longest), pad_id)
+        step_of_row = None
+    else:
+        longest = max(len(s.prompt_ids) + len(s.action_ids) for t in trajs for s in t.steps)
+        rows = step_rows(trajs, length_bucket(longest), pad_id)
+        step_of_row = np.concatenate([np.arange(len(t.steps)) for t in trajs]).astype(np.int32)
+    rows = _pad_rows(rows, round_up(rows.tokens.shape[0], row_multiple), pad_id)
+    if step_of_row is not None:
+        step_of_row = np.pad(step_of_row, (0, rows.tokens.shape[0] - len(step_of_row)))
+    return RLRows(rows, arrays, step_of_row)
+
+
+def _pad_rows(rows: TokenRows, num_rows: int, pad_id: int) -> TokenRows:
+    extra = num_rows - rows.tokens.shape[0]
+    if extra <= 0:
+        return rows
+
+    def pad(x, value):
+        return np.concatenate([x, np.full((extra, *x.shape[1:]), value, x.dtype)])
+
+    return TokenRows(
+        tokens=pad(rows.tokens, pad_id),
+        mask=pad(rows.mask, 0),
+        loss_mask=pad(rows.loss_mask, 0),
+        step_ids=pad(rows.step_ids, -1),
+        old_logprobs=pad(rows.old_logprobs, 0),
+        traj_index=pad(rows.traj_index, -1),
+    )
+
+
+def advantages(
+    rl: RLRows,
+    num_trajs: int,
+    algo: str,
+    config: kernels.AdvantageConfig,
+    *,
+    values: np.ndarray | None = None,
+    kl: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Token advantages [R, T] for the rows (and value targets [R, T] for gae, else None)."""
+    spec = kernels.get_advantage_spec(algo)
+    rows, arrays = rl.rows, rl.arrays
+    if rl.step_of_row is None:
+        n = num_trajs
+        batch = kernels.make_batch(
+            loss_mask=rows.loss_mask[:n],
+            step_ids=rows.step_ids[:n],
+            rewards=arrays.rewards,
+            step_mask=arrays.step_mask,
+            group_ids=arrays.group_ids,
+            state_keys=arrays.state_keys,
+        )
+        out = spec.fn(
+            batch,
+            config,
+            values=None if values is None else values[:n],
+            kl=None if kl is None else kl[:n],
+        )
+        adv = _pad_to(np.asarray(out.tokens), rows.tokens.shape)
+        ret = None if out.returns is None else _pad_to(np.asarray(out.returns), rows.tokens.shape)
+        return adv * rows.loss_mask, ret
+    # Step-wise: a step-level batch with one pseudo-token per step.
+    step_mask = arrays.step_mask
+    pseudo_ids = np.where(step_mask > 0, np.arange(step_mask.shape[1])[None], -1).astype(np.int32)
+    batch = kernels.make_batch(
+        loss_mask=step_mask,
+        step_ids=pseudo_ids,
+        rewards=arrays.rewards,
+        step_mask=step_mask,
+        group_ids=arrays.group_ids,
+        state_keys=arrays.state_keys,
+    )
+    out = spec.fn(batch, config)
+    step_adv = np.asarray(out.steps if out.steps is not None else out.tokens)
+    real = rows.traj_index >= 0
+    per_row = np.zeros(rows.tokens.shape[0], np.float32)
+    per_row[real] = step_adv[rows.traj_index[real], rl.step_of_row[real]]
+    return per_row[:, None] * rows.loss_mask, None
+
+
+def _pad_to(x: np.ndarray, shape) -> np.ndarray:
+    out = np.zeros(shape, np.float32)
+    out[: x.shape[0], : x.shape[1]] = x
+    return out

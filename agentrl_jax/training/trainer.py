@@ -1,0 +1,503 @@
+"""The trainer: the only piece that knows every stage of an iteration.
+
+    tasks (curriculum) -> rollouts (actor pool + sampler) -> old/ref log-probs, values
+      -> advantages (kernels, by name) -> epochs of minibatch updates (Learner) -> metrics
+      -> TensorBoard, checkpoints (orbax), evaluation
+
+A run is: build or load the tokenizer, SFT on expert demonstrations, evaluate, RL iterations,
+evaluate. Everything is deterministic given the seed on CPU: each iteration derives its JAX key
+and numpy generator from (seed, iteration), so a resumed run repeats exactly what an
+uninterrupted run does. Rerunning with the same workdir resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+
+from agentrl_jax import kernels
+from agentrl_jax.envs.actors import ActorPool
+from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
+from agentrl_jax.sampling import GREEDY, Sampler, SamplingParams, StopConfig
+from agentrl_jax.training import rl_batch
+from agentrl_jax.training.chat import get_template
+from agentrl_jax.training.checkpoint import Checkpointer
+from agentrl_jax.training.config import RunConfig
+from agentrl_jax.training.curriculum import Curriculum
+from agentrl_jax.training.learner import Learner, LossWeights
+from agentrl_jax.training.rollout import RolloutWorker, render_observation
+from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, task_type
+from agentrl_jax.training.tensorboard import SummaryWriter
+from agentrl_jax.training.trajectory import Trajectory
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    """Return, success, length, truncation and infrastructure failures of a batch of episodes."""
+    good = [t for t in trajs if not t.infra_failure and t.steps]
+    out = {
+        "rollout/episodes": float(len(trajs)),
+        "rollout/infra_failures": float(len(trajs) - len(good)),
+    }
+    if good:
+        out.update(
+            {
+                "rollout/return": float(np.mean([t.episode_return for t in good])),
+                "rollout/success_rate": float(np.mean([t.won for t in good])),
+                "rollout/episode_length": float(np.mean([len(t.steps) for t in good])),
+                "rollout/truncated": float(np.mean([t.truncated for t in good])),
+                "rollout/tokens_per_episode": float(np.mean([t.num_tokens for t in good])),
+            }
+        )
+    return out
+
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+class Trainer:
+    """Runs SFT then RL for a RunConfig in ``workdir`` (TensorBoard, checkpoints, reports)."""
+
+    def __init__(self, config: RunConfig, workdir: str):
+        self.config = config
+        self.workdir = os.path.abspath(workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        cfg = config
+        env_kwargs = dict(cfg.env.kwargs)
+        logging.info("workdir: %s", self.workdir)
+
+        # Tasks: train tasks per curriculum level, held-out tasks per evaluation level.
+        self.train_tasks = {
+            level: make_tasks(cfg.env.name, level, "train", cfg.env.num_train_tasks, env_kwargs)
+            for level in cfg.curriculum.levels
+        }
+        eval_split = EVAL_SPLIT.get(cfg.env.name, "valid")
+        self.eval_tasks = {
+            level: make_tasks(cfg.env.name, level, eval_split, cfg.env.num_eval_tasks, env_kwargs)
+            for level in cfg.env.eval_levels
+        }
+        self.pool = ActorPool(
+            cfg.env.name,
+            env_kwargs,
+            num_workers=cfg.env.num_workers,
+            envs_per_worker=cfg.env.envs_per_worker,
+        )
+        self.tokenizer = self._tokenizer()
+        self.template = get_template(cfg.model.template)
+        self.policy = self._policy()
+        self.critic = (
+            Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))
+            if cfg.needs_critic
+            else None
+        )
+        stop_id = self.template.stop_id(self.tokenizer)
+        self.sampler = Sampler(
+            self.policy,
+            stop=StopConfig(eos_ids=(stop_id,)),
+            pad_id=self.tokenizer.pad_token_id,
+        )
+        self.worker = RolloutWorker(
+            self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
+        )
+        self.learner = self._learner()
+        self.checkpointer = Checkpointer(
+            os.path.join(self.workdir, "checkpoints"),
+            keep_last=cfg.checkpoint.keep_last,
+            keep_best=cfg.checkpoint.keep_best,
+            best_metric="eval/success_rate",
+        )
+        self.writer = SummaryWriter(
+            os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
+        )
+        self.curriculum = Curriculum(cfg.curriculum)
+        self.state = self.learner.init(self.policy, self.critic)
+        self.ref_policy = None
+        self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
+
+    # ------------------------------------------------------------------ setup
+
+    def _tokenizer(self):
+        cfg = self.config.model
+        path = os.path.join(self.workdir, "tokenizer")
+        if cfg.tokenizer:
+            return load_tokenizer(cfg.tokenizer)
+        if cfg.checkpoint:
+            return load_tokenizer(cfg.checkpoint)
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return load_tokenizer(path)
+        texts = self._expert_texts()
+        logging.info("building the tokenizer from %d texts of the train tasks", len(texts))
+        return build_tokenizer(texts, cfg.tokenizer_vocab, path)
+
+    def _expert_texts(self) -> list[str]:
+        """Observation and command text of expert episodes on the train tasks."""
+        tasks = [t for level in self.train_tasks.values() for t in level]
+        texts = [self.config.rollout.system_prompt]
+        for start in range(0, len(tasks), self.pool.capacity):
+            batch = tasks[start : start + self.pool.capacity]
+            results = self.pool.reset(batch)
+            live = [not r.infra_failure for r in results]
+            first = True
+            for _ in range(self.config.rollout.max_turns):
+                actions = []
+                for i, r in enumerate(results):
+                    if not live[i] or r is None:
+                        actions.append(None)
+                        continue
+                    texts.append(
+                        render_observation(r.observation, first=first, show_admissible=True)
+                    )
+                    action = r.info.get("expert_action")
+                    actions.append(action)
+                    if action:
+                        texts.append(action)
+                    else:
+                        live[i] = False
+                first = False
+                if not any(a is not None for a in actions):
+                    break
+                results = self.pool.step(actions)
+                for i, r in enumerate(results):
+                    if r is not None and (r.done or r.infra_failure):
+                        live[i] = False
+        return texts
+
+    def _policy(self) -> Qwen2ForCausalLM:
+        cfg = self.config.model
+        dtype = DTYPES[cfg.dtype]
+        if cfg.checkpoint:
+            from agentrl_jax.models.hf_checkpoint import load_hf_model
+
+            return load_hf_model(cfg.checkpoint, dtype=dtype)
+        vocab = len(self.tokenizer)
+        model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat)
+        if vocab > model_cfg.vocab_size:
+            raise ValueError(
+                f"the tokenizer has {vocab} tokens; preset {cfg.preset!r} has vocab_size "
+                f"{model_cfg.vocab_size} (lower config.model.tokenizer_vocab)"
+            )
+        return Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(self.config.seed))
+
+    def _learner(self) -> Learner:
+        cfg = self.config
+        rl = cfg.rl
+        actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
+        critic_tx = optax.chain(
+            optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr)
+        )
+        envrl = None
+        if cfg.envrl.enabled:
+            envrl = kernels.EnvrlConfig(
+                sp_weight=cfg.envrl.sp_weight,
+                id_weight=cfg.envrl.id_weight,
+                horizon=cfg.envrl.horizon,
+            )
+        return Learner(
+            self.policy,
+            self.critic,
+            actor_tx,
+            critic_tx if self.critic is not None else None,
+            loss_config=cfg.loss_config(),
+            policy_loss=rl.loss,
+            weights=LossWeights(
+                value=rl.value_coef,
+                kl=rl.kl_coef if rl.kl_mode == "loss" else 0.0,
+                entropy=rl.entropy_coef,
+            ),
+            envrl=envrl,
+        )
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _state_tree(self) -> dict[str, Any]:
+        tree = {"train": self.state}
+        if self.ref_policy is not None:
+            tree["ref"] = self.ref_policy
+        return tree
+
+    def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
+        meta = dict(
+            self.meta,
+            curriculum=self.curriculum.state_dict(),
+            has_ref=self.ref_policy is not None,
+        )
+        self.checkpointer.save(step, self._state_tree(), meta, metrics)
+
+    def restore(self) -> bool:
+        """Restores the newest checkpoint, if any; returns whether it did."""
+        step = self.checkpointer.latest_step()
+        if step is None:
+            return False
+        # The JSON meta says which items the state tree holds (the reference policy exists
+        # only after SFT), so the abstract tree to restore into can be built first.
+        template = {"train": self.state}
+        if self._read_meta(step).get("has_ref"):
+            template["ref"] = self.state.policy
+        state, meta = self.checkpointer.restore(step, template)
+        self.state = state["train"]
+        self.ref_policy = state.get("ref")
+        self.curriculum.load_state_dict(meta.pop("curriculum"))
+        self.meta = meta
+        logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
+        return True
+
+    def _read_meta(self, step: int) -> dict[str, Any]:
+        path = os.path.join(self.checkpointer.directory, str(step), "meta", "metadata")
+        with open(path) as f:
+            return json.load(f)
+
+    # ------------------------------------------------------------------ phases
+
+    def run(self) -> dict[str, Any]:
+        self.restore()
+        if self.meta["phase"] == "sft":
+            self.run_sft()
+        if self.meta["phase"] == "rl":
+            self.run_rl()
+        self.checkpointer.wait()
+        return self.meta["evals"]
+
+    def num_rl_iterations(self) -> int:
+        """RL iterations the budget pays for: (1 - sft_fraction) * total episodes."""
+        cfg = self.config
+        episodes = int(cfg.budget.total * (1.0 - cfg.budget.sft_fraction))
+        per_iteration = cfg.rl.tasks_per_iteration * cfg.rollout.group_size
+        return episodes // per_iteration
+
+    def num_demonstrations(self) -> int:
+        """SFT demonstrations the budget pays for (each costs 10 units)."""
+        cfg = self.config
+        return int(cfg.budget.total * cfg.budget.sft_fraction) // 10
+
+    def demonstrations(self) -> list[Trajectory]:
+        """Expert episodes on train tasks drawn from the curriculum's first stage (won ones)."""
+        cfg = self.config
+        n = self.num_demonstrations()
+        np_rng = np.random.default_rng([cfg.seed, 7])
+        levels = Curriculum(cfg.curriculum).sample_levels(n, np_rng)
+        tasks = [self.train_tasks[lv][i % len(self.train_tasks[lv])] for i, lv in enumerate(levels)]
+        demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
+        won = [d for d in demos if d.won and not d.infra_failure]
+        logging.info("SFT: %d expert demonstrations, %d won", len(demos), len(won))
+        return won
+
+    def run_sft(self) -> None:
+        cfg = self.config
+        demos = self.demonstrations()
+        if demos:
+            sft_tx = optax.chain(
+                optax.clip_by_global_norm(cfg.rl.max_grad_norm),
+                optax.adam(
+                    optax.linear_schedule(0.0, cfg.sft.learning_rate, max(cfg.sft.warmup_steps, 1))
+                ),
+            )
+            sft = Learner(self.policy, None, sft_tx)
+            state = sft.init(self.policy)
+            np_rng = np.random.default_rng([cfg.seed, 8])
+            step = 0
+            from tqdm.auto import tqdm
+
+            bs = cfg.sft.batch_size
+            bar = tqdm(total=cfg.sft.epochs * -(-len(demos) // bs), desc="sft")
+            for _ in range(cfg.sft.epochs):
+                order = np_rng.permutation(len(demos))
+                for i in range(0, len(order), bs):
+                    chunk = [demos[j] for j in order[i : i + bs]]
+                    # A short last batch is padded with empty rows: one shape per length bucket.
+                    rows = rl_batch.build_rows(
+                        chunk, cfg.rollout.context_mode, self.tokenizer.pad_token_id, bs
+                    ).rows
+                    mb = {
+                        "tokens": jnp.asarray(rows.tokens),
+                        "mask": jnp.asarray(rows.mask),
+                        "loss_mask": jnp.asarray(rows.loss_mask),
+                    }
+                    state, m = sft.sft_step(state, mb)
+                    step += 1
+                    self.writer.scalars({k: float(v) for k, v in m.items()}, step)
+                    bar.update()
+            bar.close()
+            nnx.update(self.policy, state.policy)
+            if self.critic is not None:
+                self.critic = Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))
+            self.state = self.learner.init(self.policy, self.critic)
+        metrics = self.evaluate("after_sft")
+        self.writer.scalars(metrics, 0)
+        self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        self.meta["phase"] = "rl"
+        self.save(0, metrics)
+
+    def run_rl(self) -> None:
+        cfg = self.config
+        if self.ref_policy is None:
+            # The frozen reference for the KL term: the policy as SFT left it.
+            self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        total = self.num_rl_iterations()
+        from tqdm.auto import tqdm
+
+        start = int(self.meta["rl_iteration"])
+        for it in tqdm(range(start, total), desc="rl", initial=start, total=total):
+            metrics = self.rl_iteration(it)
+            self.meta["rl_iteration"] = it + 1
+            last = it + 1 == total
+            if last or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
+                metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}"))
+            if last:
+                self.meta["phase"] = "done"
+            self.writer.scalars(metrics, it + 1)
+            self.writer.flush()
+            if metrics.get("train/skipped_nonfinite", 0.0) > 0:
+                logging.warning(
+                    "iteration %d: %d update(s) skipped on a non-finite loss or gradient; "
+                    "not checkpointing this iteration",
+                    it + 1,
+                    int(metrics["train/skipped_nonfinite"]),
+                )
+                continue
+            if last or (it + 1) % cfg.checkpoint.every == 0:
+                self.save(it + 1, metrics)
+        if total == start:
+            self.meta["phase"] = "done"
+
+    def rl_iteration(self, it: int) -> dict[str, float]:
+        """One iteration: pick tasks, roll out, assign credit, update. Returns its metrics."""
+        cfg, rl = self.config, self.config.rl
+        rng = jax.random.fold_in(jax.random.key(cfg.seed), 1_000_000 + it)
+        np_rng = np.random.default_rng([cfg.seed, it])
+        levels = self.curriculum.sample_levels(rl.tasks_per_iteration, np_rng)
+        tasks = [self.train_tasks[lv][np_rng.integers(len(self.train_tasks[lv]))] for lv in levels]
+
+        t0 = time.perf_counter()
+        self.sampler.set_state(self.state.policy)
+        sampling = SamplingParams(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+        trajs = self.worker.run(tasks, rng, sampling=sampling)
+        t_rollout = time.perf_counter() - t0
+
+        good = [t for t in trajs if not t.infra_failure and t.steps]
+        metrics = rollout_metrics(trajs)
+        metrics["curriculum/stage"] = float(self.curriculum.stage)
+        if not good:
+            logging.warning("iteration %d: no usable episode (all infrastructure failures)", it)
+            self.curriculum.update([])
+            return metrics
+
+        t1 = time.perf_counter()
+        batch, extra = self._rl_batch(good, it)
+        update_metrics = self._update(batch, np_rng)
+        t_update = time.perf_counter() - t1
+        self.curriculum.update([t.won for t in good])
+
+        metrics.update(extra)
+        metrics.update(update_metrics)
+        tokens = sum(t.num_tokens for t in good)
+        metrics.update(
+            {
+                "time/rollout_s": t_rollout,
+                "time/update_s": t_update,
+                "time/rollout_fraction": t_rollout / max(t_rollout + t_update, 1e-9),
+                "perf/rollout_tokens_per_s": tokens / max(t_rollout, 1e-9),
+                "perf/update_tokens_per_s": tokens * rl.epochs / max(t_update, 1e-9),
+            }
+        )
+        return metrics
+
+    def _forward_in_chunks(self, fn, params, batch, size: int) -> np.ndarray:
+        out = []
+        for i in range(0, batch["tokens"].shape[0], size):
+            chunk = {k: batch[k][i : i + size] for k in ("tokens", "mask")}
+            out.append(np.asarray(fn(params, chunk)))
+        return np.concatenate(out)
+
+    def _rl_batch(self, trajs: list[Trajectory], it: int) -> tuple[dict[str, np.ndarray], dict]:
+        cfg, rl = self.config, self.config.rl
+        mb = rl.minibatch_size
+        rows_ = rl_batch.build_rows(
+            trajs, cfg.rollout.context_mode, self.tokenizer.pad_token_id, mb
+        )
+        rows = rows_.rows
+        batch = {
+            "tokens": rows.tokens,
+            "mask": rows.mask,
+            "loss_mask": rows.loss_mask,
+            "step_ids": rows.step_ids,
+        }
+        old = self._forward_in_chunks(self.learner.policy_logprobs, self.state.policy, batch, mb)
+        on = rows.loss_mask > 0
+        extra = {"rollout/logprob_mismatch": float(np.abs(old - rows.old_logprobs)[on].max())}
+        ref = None
+        if rl.kl_coef > 0:
+            ref = self._forward_in_chunks(self.learner.policy_logprobs, self.ref_policy, batch, mb)
+            batch["ref_logprobs"] = ref
+        values = None
+        if self.critic is not None:
+            values = self._forward_in_chunks(self.learner.values, self.state.value, batch, mb)
+        kl = None
+        if rl.kl_mode == "reward" and ref is not None:
+            kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask))
+        adv, returns = rl_batch.advantages(
+            rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
+        )
+        batch["old_logprobs"] = old
+        batch["advantages"] = adv
+        if values is not None:
+            batch["old_values"] = values
+            batch["returns"] = returns if returns is not None else adv + values
+        extra["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
+        return batch, extra
+
+    def _update(self, batch: dict[str, np.ndarray], np_rng) -> dict[str, float]:
+        rl = self.config.rl
+        num_rows = batch["tokens"].shape[0]
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(rl.epochs):
+            order = np_rng.permutation(num_rows)
+            for i in range(0, num_rows, rl.minibatch_size):
+                idx = order[i : i + rl.minibatch_size]
+                if len(idx) < rl.minibatch_size:
+                    continue
+                mb = {k: jnp.asarray(v[idx]) for k, v in batch.items()}
+                self.state, m = self.learner.rl_step(self.state, mb)
+                for k, v in m.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+                count += 1
+        out = {k: v / max(count, 1) for k, v in sums.items()}
+        out["train/skipped_nonfinite"] = sums.get("train/skipped_nonfinite", 0.0)
+        out["train/updates"] = float(count)
+        return out
+
+    def evaluate(self, name: str) -> dict[str, float]:
+        """Greedy episodes on every held-out level; records and returns success rates."""
+        self.sampler.set_state(self.state.policy)
+        out, report = {}, {}
+        for level, tasks in self.eval_tasks.items():
+            trajs = self.worker.run(tasks, jax.random.key(0), sampling=GREEDY, group_size=1)
+            good = [t for t in trajs if not t.infra_failure]
+            rate = float(np.mean([t.won for t in good])) if good else 0.0
+            steps = float(np.mean([len(t.steps) for t in good])) if good else 0.0
+            report[level] = {"success_rate": rate, "mean_steps": steps, "episodes": len(good)}
+            out[f"eval/{level}/success_rate"] = rate
+            out[f"eval/{level}/mean_steps"] = steps
+            by_type: dict[str, list[bool]] = {}
+            for t in good:
+                by_type.setdefault(task_type(t.task), []).append(t.won)
+            report[level]["by_type"] = {k: float(np.mean(v)) for k, v in by_type.items()}
+        first = next(iter(self.eval_tasks))
+        out["eval/success_rate"] = out[f"eval/{first}/success_rate"]
+        self.meta["evals"][name] = report
+        logging.info("eval %s: %s", name, json.dumps(report))
+        return out
+
+    def close(self) -> None:
+        self.checkpointer.close()
+        self.writer.close()
+        self.pool.close()

@@ -1,0 +1,60 @@
+r"""Trains a policy: SFT on expert demonstrations, then RL, evaluating before and after.
+
+    python -m launch.train --config=configs/tiny_textworld.py --workdir=runs/tiny
+    python -m launch.train --config=configs/tiny_textworld.py --workdir=runs/tiny \
+        --config.rl.algo=gagpo --config.rollout.context_mode=step
+
+The whole configuration is validated before any compute (an unknown algorithm, ``gae`` without a
+critic, a mesh that does not divide the devices: a clear error listing the valid choices).
+Rerunning the same command with the same workdir resumes from the last checkpoint.
+"""
+
+import json
+import os
+import sys
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from agentrl_jax.training.config import ConfigError, from_config_dict
+from agentrl_jax.training.report import before_after_markdown
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and reports go.")
+
+
+def main(argv):
+    del argv
+    if _CONFIG.value is None or not _WORKDIR.value:
+        raise app.UsageError("--config=configs/<name>.py and --workdir=DIR are required")
+    jax.config.update("jax_threefry_partitionable", True)
+    try:
+        config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+    from agentrl_jax.training.trainer import Trainer
+
+    trainer = Trainer(config, _WORKDIR.value)
+    try:
+        evals = trainer.run()
+    finally:
+        trainer.close()
+    table = before_after_markdown(evals)
+    workdir = os.path.abspath(_WORKDIR.value)
+    with open(os.path.join(workdir, "report.md"), "w") as f:
+        f.write(table + "\n")
+    with open(os.path.join(workdir, "report.json"), "w") as f:
+        json.dump(evals, f, indent=2, sort_keys=True)
+    print(table)
+    logging.info("done")
+    print(
+        f"\nworkdir: {workdir}\n  tensorboard: {workdir}/tensorboard\n"
+        f"  checkpoints: {workdir}/checkpoints\n  report: {workdir}/report.md, report.json"
+    )
+
+
+if __name__ == "__main__":
+    app.run(main)
