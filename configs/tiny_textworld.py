@@ -3,7 +3,8 @@ r"""The built-in default: the tiny policy on simple TextWorld games, SFT then GR
     python -m launch.train --config=configs/tiny_textworld.py --workdir=runs/tiny_textworld
 
 Held-out evaluation on simple (the training complexity) and medium (the next harder one).
-``--config=configs/tiny_textworld.py:smoke`` shrinks everything for a two-iteration check.
+``--config=configs/tiny_textworld.py:smoke`` shrinks the run for a quick look at every stage;
+``:test`` shrinks it further (a 1-layer model) for the test suite.
 """
 
 import ml_collections
@@ -15,7 +16,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.mesh = (1, 1, 1)
     c.eval_every = 0
 
-    c.model = dict(preset="tiny", tokenizer_vocab=1024, template="plain", dtype="float32")
+    c.model = dict(
+        preset="tiny", tokenizer_vocab=1024, template="plain", dtype="float32", overrides={}
+    )
     c.env = dict(
         name="textworld",
         kwargs=dict(reward="dense", max_steps=12, admissible_commands=True),
@@ -53,6 +56,28 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.envrl = dict(enabled=False)
     c.checkpoint = dict(keep_last=2, keep_best=1, every=5)
 
+    if arg == "test":
+        # The test suite's run: a 1-layer model, 1 demonstration, 3 RL iterations of 2 x 2.
+        c.env.num_train_tasks = 2
+        c.env.num_eval_tasks = 1
+        c.env.eval_levels = ("simple",)
+        c.env.envs_per_worker = 2
+        c.env.kwargs.max_steps = 3
+        c.rollout.update(max_turns=3, max_new_tokens=4, max_seq_len=512, group_size=2)
+        c.rollout.show_admissible = False
+        c.model.tokenizer_vocab = 300
+        c.model.overrides = dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_layers=1,
+            num_heads=2,
+            num_kv_heads=1,
+            head_dim=16,
+        )
+        c.budget = dict(total=24, sft_fraction=0.5)
+        c.rl.update(tasks_per_iteration=2, minibatch_size=4)
+        c.sft.batch_size = 2
+        c.checkpoint = dict(keep_last=5, keep_best=1, every=1)
     if arg == "smoke":
         c.env.num_train_tasks = 4
         c.env.num_eval_tasks = 2

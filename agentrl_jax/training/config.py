@@ -35,6 +35,7 @@ class ModelSection:
     template: str = "plain"
     dtype: str = "float32"
     remat: bool = False
+    overrides: tuple[tuple[str, Any], ...] = ()  # preset fields to change, e.g. num_layers=2
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,7 +50,7 @@ class Stats:
       mean_steps: actions per counted episode.
       mean_return: summed reward per counted episode.
       invalid_action_rate: share of counted steps the env flagged as invalid actions.
-      truncated: counted episodes that ended on the step or context limit, unwon.
+      truncated: counted episodes the rollout cut (max_turns or the context length), unwon.
       infra_failures: episodes lost to the actor pool, left out of the above.
     """
 

@@ -179,7 +179,7 @@ class Trainer:
 
             return load_hf_model(cfg.checkpoint, dtype=dtype)
         vocab = len(self.tokenizer)
-        model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat)
+        model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat, **dict(cfg.overrides))
         if vocab > model_cfg.vocab_size:
             raise ValueError(
                 f"the tokenizer has {vocab} tokens; preset {cfg.preset!r} has vocab_size "

@@ -1,0 +1,147 @@
+"""The launcher end to end: config validation before compute, a short run, SIGKILL and resume."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import ml_collections
+import pytest
+
+from agentrl_jax.training.config import ConfigError, from_config_dict
+from agentrl_jax.training.tensorboard import read_scalars
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from configs import tiny_textworld  # noqa: E402
+
+
+def _config(**sections):
+    cfg = tiny_textworld.get_config()
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            for k, v in values.items():
+                cfg[section][k] = v
+        else:
+            cfg[section] = values
+    return cfg
+
+
+@pytest.mark.parametrize(
+    "sections, match",
+    [
+        (dict(rl=dict(algo="ppo2")), r"config.rl.algo is 'ppo2'; valid choices: \[.*'gagpo'.*\]"),
+        (
+            dict(rl=dict(algo="gae"), rollout=dict(context_mode="step")),
+            "needs config.rollout.context_mode='episode'",
+        ),
+        (dict(rollout=dict(group_size=1)), "group_size >= 2"),
+        (dict(mesh=(2, 2, 1)), r"needs 4 devices; this run has 1"),
+        (dict(model=dict(preset="qwen9")), "config.model.preset is 'qwen9'; valid choices"),
+        (dict(rl=dict(aggregation="mean")), "aggregation"),
+    ],
+)
+def test_bad_config_fails_before_compute_naming_the_field(sections, match):
+    with pytest.raises(ConfigError, match=match):
+        from_config_dict(_config(**sections), num_devices=1)
+
+
+def test_unknown_field_is_an_error():
+    cfg = _config()
+    with cfg.unlocked():
+        cfg.rl.learning_rate = 1.0
+    with pytest.raises(ConfigError, match=r"config.rl: unknown field\(s\) \['learning_rate'\]"):
+        from_config_dict(cfg)
+
+
+def test_default_config_is_valid():
+    run = from_config_dict(tiny_textworld.get_config(), num_devices=1)
+    assert run.rl.algo == "grpo" and not run.needs_critic
+    gae = _config(rl=dict(algo="gae"))
+    assert from_config_dict(gae, num_devices=1).needs_critic
+    assert isinstance(tiny_textworld.get_config("smoke"), ml_collections.ConfigDict)
+
+
+def _launch(workdir, cache, extra=()):
+    env = dict(os.environ, AGENTRL_CACHE=str(cache), XLA_FLAGS="", JAX_PLATFORMS="cpu")
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.train",
+        "--config=configs/tiny_textworld.py:test",
+        f"--workdir={workdir}",
+        *extra,
+    ]
+    return subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+
+
+def _finish(proc, timeout=600):
+    out, _ = proc.communicate(timeout=timeout)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, text[-4000:]
+    return text
+
+
+def _last_by_step(scalars, tag):
+    return {step: value for step, value in scalars[tag]}
+
+
+@pytest.fixture(scope="module")
+def reference_run(textworld_games, tmp_path_factory):
+    """One uninterrupted run of the test config (SFT, 3 RL iterations, evaluations)."""
+    workdir = tmp_path_factory.mktemp("train") / "ref"
+    text = _finish(_launch(workdir, textworld_games["root"]))
+    return workdir, text
+
+
+def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
+    workdir, text = reference_run
+    assert "| simple |" in text and "success after SFT" in text
+    for sub in ("tensorboard", "checkpoints", "tokenizer"):
+        assert (workdir / sub).is_dir(), sub
+    assert (workdir / "report.md").is_file() and (workdir / "report.json").is_file()
+    ref = read_scalars(str(workdir / "tensorboard"))
+    assert sorted(_last_by_step(ref, "rollout/return")) == [1, 2, 3]
+    for tag in (
+        "losses/policy_loss",
+        "losses/entropy",
+        "losses/approx_kl",
+        "losses/clipfrac",
+        "train/grad_norm",
+        "time/rollout_s",
+        "time/update_s",
+        "perf/rollout_tokens_per_s",
+        "rollout/success_rate",
+        "rollout/episode_length",
+        "eval/simple/success_rate",
+        "sft/nll",
+    ):
+        assert tag in ref, tag
+
+
+@pytest.mark.slow
+def test_sigkill_mid_iteration_then_resume_repeats_the_uninterrupted_run(
+    reference_run, textworld_games, tmp_path
+):
+    ref_dir, _ = reference_run
+    cache = textworld_games["root"]
+    ref = read_scalars(str(ref_dir / "tensorboard"))
+    # Killed with SIGKILL right after checkpoint 1 is complete, while iteration 2 runs.
+    run_dir = tmp_path / "run"
+    proc = _launch(run_dir, cache)
+    deadline = time.time() + 600
+    while not (run_dir / "checkpoints" / "1").is_dir():
+        assert proc.poll() is None and time.time() < deadline, "run ended before checkpoint 1"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    # The same command with the same workdir resumes.
+    _finish(_launch(run_dir, cache))
+    run = read_scalars(str(run_dir / "tensorboard"))
+    for tag in ("rollout/return", "losses/policy_loss", "losses/entropy", "train/grad_norm"):
+        want, got = _last_by_step(ref, tag), _last_by_step(run, tag)
+        for step in (2, 3):
+            assert got[step] == pytest.approx(want[step], abs=1e-6), (tag, step)
