@@ -9,52 +9,14 @@ Held-out evaluation on simple (the training complexity) and medium (the next har
 
 import ml_collections
 
+from agentrl_jax.training.defaults import base_config
+
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.mesh = (1, 1, 1)
-    c.eval_every = 0
-
-    c.model = dict(
-        preset="tiny", tokenizer_vocab=1024, template="plain", dtype="float32", overrides={}
-    )
-    c.env = dict(
-        name="textworld",
-        kwargs=dict(reward="dense", max_steps=12, admissible_commands=True),
-        train_levels=("simple",),
-        eval_levels=("simple", "medium"),
-        num_train_tasks=200,
-        num_eval_tasks=50,
-        num_workers=2,
-        envs_per_worker=16,
-    )
-    c.rollout = dict(
-        group_size=4,
-        max_turns=12,
-        max_new_tokens=12,
-        max_seq_len=1536,
-        context_mode="episode",
-        show_admissible=True,
-    )
-    c.curriculum = dict(stages=[[("simple", 1.0)]])
-    c.sft = dict(epochs=3, batch_size=16, learning_rate=2e-3, warmup_steps=10)
-    c.budget = dict(total=4000, sft_fraction=0.5)
-    c.rl = dict(
-        algo="grpo",
-        loss="ppo",
-        tasks_per_iteration=8,
-        epochs=1,
-        minibatch_size=16,
-        actor_lr=2e-4,
-        temperature=1.0,
-        kl_coef=0.0,
-        entropy_coef=0.0,
-        ratio_level="token",
-        aggregation="token_mean",
-    )
-    c.envrl = dict(enabled=False)
-    c.checkpoint = dict(keep_last=2, keep_best=1, every=5)
+    c = base_config()
+    c.env.kwargs = dict(reward="dense", max_steps=12, admissible_commands=True)
+    c.env.update(train_levels=("simple",), eval_levels=("simple", "medium"))
+    c.curriculum.stages = [[("simple", 1.0)]]
 
     if arg == "test":
         # The test suite's run: a 1-layer model, 1 demonstration, 3 RL iterations of 2 x 2.

@@ -145,3 +145,24 @@ def test_sigkill_mid_iteration_then_resume_repeats_the_uninterrupted_run(
         want, got = _last_by_step(ref, tag), _last_by_step(run, tag)
         for step in (2, 3):
             assert got[step] == pytest.approx(want[step], abs=1e-6), (tag, step)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "tiny_textworld",
+        "textworld_qwen2_5_1_5b_ppo",
+        "alfworld_gagpo",
+        "alfworld_gigpo",
+        "alfworld_grpo",
+    ],
+)
+def test_every_shipped_config_validates(name):
+    import importlib
+
+    module = importlib.import_module(f"configs.{name}")
+    cfg = module.get_config()
+    with cfg.unlocked():
+        cfg.mesh = (1, 1, 1)
+    run = from_config_dict(cfg, num_devices=1)
+    assert run.rl.algo in name or name == "tiny_textworld" or run.rl.algo == "gae"

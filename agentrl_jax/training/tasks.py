@@ -3,7 +3,7 @@
 A level names a slice of tasks: a TextWorld game spec (``simple``, ``medium``, ``hard``,
 ``custom:R,O,Q`` or a challenge), an ALFWorld task type (or ``all``). Train and evaluation tasks
 come from disjoint splits (TextWorld: disjoint seed ranges; ALFWorld: train vs valid_seen /
-valid_unseen).
+valid_unseen). An evaluation level may name its split: ``all@valid_seen``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,12 @@ def make_tasks(
         ids = alfworld_data.list_task_ids(root, split, types)
         return [Task(env="alfworld", split=split, id=i) for i in ids[:count]]
     raise ValueError(f"config.env.name={env!r} has no task source; valid: textworld, alfworld")
+
+
+def parse_level(level: str, default_split: str) -> tuple[str, str]:
+    """``'all@valid_seen'`` -> ('all', 'valid_seen'); a bare level gets ``default_split``."""
+    name, _, split = level.partition("@")
+    return name, split or default_split
 
 
 def task_type(task: Task) -> str:

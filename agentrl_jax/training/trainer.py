@@ -36,7 +36,7 @@ from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.curriculum import Curriculum
 from agentrl_jax.training.learner import Learner, LossWeights
 from agentrl_jax.training.rollout import RolloutWorker, render_observation
-from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, task_type
+from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, task_type
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
 
@@ -82,7 +82,9 @@ class Trainer:
         }
         eval_split = EVAL_SPLIT.get(cfg.env.name, "valid")
         self.eval_tasks = {
-            level: make_tasks(cfg.env.name, level, eval_split, cfg.env.num_eval_tasks, env_kwargs)
+            level: make_tasks(
+                cfg.env.name, *parse_level(level, eval_split), cfg.env.num_eval_tasks, env_kwargs
+            )
             for level in cfg.env.eval_levels
         }
         self.pool = ActorPool(
