@@ -141,3 +141,30 @@ def test_policy_loss_comes_from_the_registry():
     batch = _rl_inputs(learner, state, _batch())
     state, metrics = learner.rl_step(state, batch)
     assert calls and np.isfinite(float(metrics["losses/policy_loss"]))
+
+
+def test_envrl_auxiliary_losses_join_the_rl_loss_with_cosine_weights():
+    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    envrl = kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10)
+    learner = Learner(policy, None, optax.sgd(1e-2), envrl=envrl)
+    state = learner.init(policy)
+    batch = _rl_inputs(learner, state, _batch())
+    pairs = [([[1, 2, 3], [4, 5], [6, 7, 8]], [[9, 10], [11]])]
+    sp = kernels.build_state_prediction(pairs, max_len=12)
+    inv = kernels.build_inverse_dynamics(pairs, max_len=12)
+    for kind, ex in (("sp", sp), ("id", inv)):
+        batch[f"aux_{kind}_tokens"] = jnp.asarray(ex.input_ids)
+        batch[f"aux_{kind}_mask"] = jnp.asarray(ex.attention_mask)
+        batch[f"aux_{kind}_target_mask"] = jnp.asarray(ex.target_mask)
+    for iteration, factor in ((0, 1.0), (5, 0.5), (10, 0.0)):
+        batch["iteration"] = jnp.asarray(iteration)
+        _, metrics = learner.rl_step(learner.init(policy), batch)
+        assert float(metrics["envrl/sp_weight"]) == pytest.approx(0.5 * factor, abs=1e-6)
+        assert float(metrics["envrl/id_weight"]) == pytest.approx(0.25 * factor, abs=1e-6)
+        expected = (
+            float(metrics["losses/policy_loss"])
+            + 0.5 * factor * float(metrics["envrl/sp_loss"])
+            + 0.25 * factor * float(metrics["envrl/id_loss"])
+        )
+        assert float(metrics["losses/total"]) == pytest.approx(expected, rel=1e-5)
+        assert float(metrics["envrl/sp_loss"]) > 0 and float(metrics["envrl/id_loss"]) > 0

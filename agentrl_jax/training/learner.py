@@ -103,8 +103,17 @@ class Learner:
     # ---------------------------------------------------------------- state
 
     def init(self, policy: nnx.Module, value_model: nnx.Module | None = None) -> TrainState:
-        policy_state = nnx.state(policy, nnx.Param)
-        value_state = None if value_model is None else nnx.state(value_model, nnx.Param)
+        """A fresh state from the modules' parameters.
+
+        The parameters are copied: train steps donate the state's buffers, and the modules (and
+        anything else holding their arrays) must stay usable.
+        """
+        policy_state = jax.tree.map(jnp.copy, nnx.state(policy, nnx.Param))
+        value_state = (
+            None
+            if value_model is None
+            else jax.tree.map(jnp.copy, nnx.state(value_model, nnx.Param))
+        )
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             policy=policy_state,
@@ -181,25 +190,19 @@ class Learner:
             )
 
         if self.envrl is not None and "aux_sp_tokens" in batch:
-            aux = self._envrl_loss(model, batch)
-            total = total + aux["weighted"]
-            metrics.update(aux["metrics"])
+            aux = {}
+            for kind in ("sp", "id"):
+                tokens = batch[f"aux_{kind}_tokens"]
+                logits_aux, _ = model(tokens, mask_bt=batch[f"aux_{kind}_mask"])
+                logp_aux = kernels.target_logprobs(logits_aux, tokens)
+                aux[kind] = kernels.aux_loss(logp_aux, batch[f"aux_{kind}_target_mask"]).value
+                metrics[f"envrl/{kind}_loss"] = aux[kind]
+            total, weights = kernels.envrl_total_loss(
+                total, aux["sp"], aux["id"], batch["iteration"], self.envrl
+            )
+            metrics.update(weights)
         metrics["losses/total"] = total
         return total, metrics
-
-    def _envrl_loss(self, model, batch):
-        """ENVRL state-prediction and inverse-dynamics losses on the policy's own LM head."""
-        cfg = self.envrl
-        out, metrics = 0.0, {}
-        for kind, w0 in (("sp", cfg.sp_weight), ("id", cfg.id_weight)):
-            tokens, tmask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_target_mask"]
-            logits, _ = model(tokens, mask_bt=batch[f"aux_{kind}_mask"])
-            nll = kernels.aggregate(-token_logprobs(logits, tokens), tmask, "token_mean")
-            weight = kernels.cosine_weight(batch["iteration"], w0, cfg.horizon)
-            out = out + weight * nll.value
-            metrics[f"envrl/{kind}_loss"] = nll.value
-            metrics[f"envrl/{kind}_weight"] = weight
-        return {"weighted": out, "metrics": metrics}
 
     # ---------------------------------------------------------------- updates
 

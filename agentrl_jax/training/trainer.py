@@ -124,6 +124,7 @@ class Trainer:
         self.state = self.learner.init(self.policy, self.critic)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
+        self._aux: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -454,7 +455,42 @@ class Trainer:
             batch["old_values"] = values
             batch["returns"] = returns if returns is not None else adv + values
         extra["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
+        if self.learner.envrl is not None:
+            self._aux = self._envrl_examples(trajs, rows.tokens.shape[1])
         return batch, extra
+
+    def _envrl_examples(self, trajs: list[Trajectory], max_len: int) -> dict[str, Any]:
+        """ENVRL state-prediction and inverse-dynamics examples of this iteration's episodes.
+
+        States are the observation ids each step's action was taken from, actions the sampled ids
+        (both exactly as the model read and wrote them).
+        """
+        pairs = [([s.prompt_ids for s in t.steps], [s.action_ids for s in t.steps]) for t in trajs]
+        pad = self.tokenizer.pad_token_id
+        return {
+            "sp": kernels.build_state_prediction(pairs, max_len=max_len, pad_id=pad),
+            "id": kernels.build_inverse_dynamics(pairs, max_len=max_len, pad_id=pad),
+        }
+
+    def _aux_minibatch(self, np_rng, size: int, iteration: int) -> dict[str, jnp.ndarray]:
+        """A fixed-size random draw of auxiliary examples for one update (fixed shapes)."""
+        out = {"iteration": jnp.asarray(iteration, jnp.int32)}
+        for kind, ex in self._aux.items():
+            n, length = ex.input_ids.shape
+            if n:
+                idx = np_rng.integers(n, size=size)
+                tokens, mask, target = (
+                    ex.input_ids[idx],
+                    ex.attention_mask[idx],
+                    ex.target_mask[idx],
+                )
+            else:  # No step has a next state (one-step episodes): an all-masked draw.
+                tokens = np.zeros((size, length), np.int32)
+                mask = target = np.zeros((size, length), np.float32)
+            out[f"aux_{kind}_tokens"] = jnp.asarray(tokens)
+            out[f"aux_{kind}_mask"] = jnp.asarray(mask)
+            out[f"aux_{kind}_target_mask"] = jnp.asarray(target)
+        return out
 
     def _update(self, batch: dict[str, np.ndarray], np_rng) -> dict[str, float]:
         rl = self.config.rl
@@ -468,6 +504,9 @@ class Trainer:
                 if len(idx) < rl.minibatch_size:
                     continue
                 mb = {k: jnp.asarray(v[idx]) for k, v in batch.items()}
+                if self.learner.envrl is not None:
+                    step = int(self.state.step)  # RL updates so far: the weights' schedule step
+                    mb.update(self._aux_minibatch(np_rng, rl.minibatch_size, step))
                 self.state, m = self.learner.rl_step(self.state, mb)
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
