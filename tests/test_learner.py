@@ -168,3 +168,27 @@ def test_envrl_auxiliary_losses_join_the_rl_loss_with_cosine_weights():
         )
         assert float(metrics["losses/total"]) == pytest.approx(expected, rel=1e-5)
         assert float(metrics["envrl/sp_loss"]) > 0 and float(metrics["envrl/id_loss"]) > 0
+
+
+def test_sharded_train_step_matches_one_device():
+    from agentrl_jax.sharding import make_mesh
+
+    mesh = make_mesh((2, 2, 2))
+    results = []
+    for use_mesh in (None, mesh):
+        policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+        critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+        learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2))
+        state = learner.init(policy, critic, mesh=use_mesh)
+        batch = _rl_inputs(learner, learner.init(policy, critic), _batch(rows=8))
+        state, metrics = learner.rl_step(state, learner.place_batch(batch))
+        state, metrics = learner.rl_step(state, learner.place_batch(batch))
+        results.append((jax.tree.map(np.asarray, (state.policy, state.value)), metrics, state))
+    (single, m1, _), (sharded, m2, sharded_state) = results
+    for a, b in zip(jax.tree.leaves(single), jax.tree.leaves(sharded)):
+        np.testing.assert_allclose(a, b, atol=1e-5, rtol=0)
+    assert float(m1["losses/total"]) == pytest.approx(float(m2["losses/total"]), abs=1e-5)
+    # The state really lives on the mesh: the MLP width is split over tp, embed over fsdp.
+    gate = sharded_state.policy["trunk"]["layers"][0]["mlp"]["gate_weight_df"].value
+    assert gate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
+    assert len(gate.sharding.device_set) == 8

@@ -23,10 +23,11 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
-from agentrl_jax import kernels
+from agentrl_jax import kernels, sharding
 
 
 @flax.struct.dataclass
@@ -98,29 +99,62 @@ class Learner:
         self.sft_step = jax.jit(self._sft_step, donate_argnums=0)
         self.rl_step = jax.jit(self._rl_step, donate_argnums=0)
         self.policy_logprobs = jax.jit(self._policy_logprobs)
+        self.mesh: jax.sharding.Mesh | None = None
         self.values = jax.jit(self._values)
 
     # ---------------------------------------------------------------- state
 
-    def init(self, policy: nnx.Module, value_model: nnx.Module | None = None) -> TrainState:
-        """A fresh state from the modules' parameters.
+    def init(
+        self,
+        policy: nnx.Module,
+        value_model: nnx.Module | None = None,
+        mesh: jax.sharding.Mesh | None = None,
+    ) -> TrainState:
+        """A fresh state from the modules' parameters, laid out on ``mesh`` when given.
 
         The parameters are copied: train steps donate the state's buffers, and the modules (and
-        anything else holding their arrays) must stay usable.
+        anything else holding their arrays) must stay usable. On a mesh, each parameter takes
+        the layout of the logical-axis rules (``agentrl_jax.sharding``), the optimizer moments
+        inherit it, and the train steps are compiled with exactly these output shardings.
         """
-        policy_state = jax.tree.map(jnp.copy, nnx.state(policy, nnx.Param))
-        value_state = (
-            None
-            if value_model is None
-            else jax.tree.map(jnp.copy, nnx.state(value_model, nnx.Param))
-        )
-        return TrainState(
+
+        def place(module):
+            params = nnx.state(module, nnx.Param)
+            if mesh is None:
+                return jax.tree.map(jnp.copy, params)
+            return jax.device_put(params, sharding.state_shardings(params, mesh))
+
+        policy_state = place(policy)
+        value_state = None if value_model is None else place(value_model)
+        state = TrainState(
             step=jnp.zeros((), jnp.int32),
             policy=policy_state,
-            policy_opt=self.actor_tx.init(policy_state),
+            policy_opt=jax.jit(self.actor_tx.init)(policy_state),
             value=value_state,
-            value_opt=None if value_state is None else self.critic_tx.init(value_state),
+            value_opt=None if value_state is None else jax.jit(self.critic_tx.init)(value_state),
         )
+        if mesh is not None:
+            self.mesh = mesh
+            # Scalars (step, optimizer counts) are replicated over the mesh with the rest.
+            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+            state = jax.tree.map(
+                lambda x: x if _on_mesh(x, mesh) else jax.device_put(x, replicated), state
+            )
+            shardings = jax.tree.map(lambda x: x.sharding, state)
+            self.sft_step = jax.jit(
+                self._sft_step, donate_argnums=0, out_shardings=(shardings, None)
+            )
+            self.rl_step = jax.jit(self._rl_step, donate_argnums=0, out_shardings=(shardings, None))
+        return state
+
+    def place_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
+        """Puts a batch on the devices, rows split over the mesh's (data, fsdp) axes."""
+        if self.mesh is None:
+            return {k: jnp.asarray(v) for k, v in batch.items()}
+        return {
+            k: jax.device_put(v, sharding.named_sharding(self.mesh, _batch_axes(v), np.shape(v)))
+            for k, v in batch.items()
+        }
 
     def policy_module(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.policy_graphdef, state.policy)
@@ -244,6 +278,15 @@ class Learner:
             value_opt=value_opt,
         )
         return new, metrics
+
+
+def _on_mesh(x: jax.Array, mesh: jax.sharding.Mesh) -> bool:
+    return isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+
+
+def _batch_axes(x) -> tuple[str | None, ...]:
+    """Logical axes of a batch array: rows are the batch, the rest is not split."""
+    return ("batch",) + (None,) * (np.ndim(x) - 1) if np.ndim(x) else ()
 
 
 def _metric_name(name: str) -> str:

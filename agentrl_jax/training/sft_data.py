@@ -58,6 +58,9 @@ class SftDataConfig:
       seed: the shuffle seed (0 <= seed < 2**32).
       shuffle: False keeps the examples' order (tests, evaluation of the SFT loss).
       drop_remainder: drop each epoch's short last batch instead of filling it.
+      read_threads: threads that build batches ahead of the trainer (0: build on demand).
+      prefetch: batches built ahead at most (grain's default of 500 would hold hundreds of
+        padded batches in memory and compete with the update for the CPU).
     """
 
     batch_size: int = 16
@@ -66,6 +69,8 @@ class SftDataConfig:
     seed: int = 0
     shuffle: bool = True
     drop_remainder: bool = False
+    read_threads: int = 1
+    prefetch: int = 4
 
     def __post_init__(self):
         if self.batch_size < 1:
@@ -80,6 +85,11 @@ class SftDataConfig:
         if self.num_epochs is not None and self.num_epochs < 1:
             raise ValueError(
                 f"SftDataConfig.num_epochs is {self.num_epochs}; expected >= 1 or None (forever)"
+            )
+        if self.read_threads < 0 or self.prefetch < 0:
+            raise ValueError(
+                f"SftDataConfig.read_threads={self.read_threads} and prefetch={self.prefetch}: "
+                "expected >= 0"
             )
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"SftDataConfig.seed is {self.seed}; expected 0 <= seed < 2**32")
@@ -263,7 +273,10 @@ class SftDataset:
 
     def iterator(self, state: dict[str, Any] | None = None) -> grain.DatasetIterator:
         """A fresh iterator over the batches, or one resumed from ``get_state()`` of another."""
-        it = self.dataset.to_iter_dataset().__iter__()
+        options = grain.ReadOptions(
+            num_threads=self.config.read_threads, prefetch_buffer_size=self.config.prefetch
+        )
+        it = self.dataset.to_iter_dataset(options).__iter__()
         if state is not None:
             it.set_state(state)
         return it

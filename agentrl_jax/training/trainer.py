@@ -13,6 +13,7 @@ uninterrupted run does. Rerunning with the same workdir resumes from the last ch
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from typing import Any
@@ -29,6 +30,7 @@ from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import GREEDY, Sampler, SamplingParams, StopConfig
+from agentrl_jax.sharding import make_mesh
 from agentrl_jax.training import rl_batch
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -121,7 +123,8 @@ class Trainer:
             os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
         )
         self.curriculum = Curriculum(cfg.curriculum)
-        self.state = self.learner.init(self.policy, self.critic)
+        self.mesh = make_mesh(cfg.mesh) if math.prod(cfg.mesh) > 1 else None
+        self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
         self._aux: dict[str, Any] = {}
@@ -304,7 +307,7 @@ class Trainer:
                 ),
             )
             sft = Learner(self.policy, None, sft_tx)
-            state = sft.init(self.policy)
+            state = sft.init(self.policy, mesh=self.mesh)
             np_rng = np.random.default_rng([cfg.seed, 8])
             step = 0
             from tqdm.auto import tqdm
@@ -319,12 +322,8 @@ class Trainer:
                     rows = rl_batch.build_rows(
                         chunk, cfg.rollout.context_mode, self.tokenizer.pad_token_id, bs
                     ).rows
-                    mb = {
-                        "tokens": jnp.asarray(rows.tokens),
-                        "mask": jnp.asarray(rows.mask),
-                        "loss_mask": jnp.asarray(rows.loss_mask),
-                    }
-                    state, m = sft.sft_step(state, mb)
+                    mb = {"tokens": rows.tokens, "mask": rows.mask, "loss_mask": rows.loss_mask}
+                    state, m = sft.sft_step(state, sft.place_batch(mb))
                     step += 1
                     self.writer.scalars({k: float(v) for k, v in m.items()}, step)
                     bar.update()
@@ -332,7 +331,7 @@ class Trainer:
             nnx.update(self.policy, state.policy)
             if self.critic is not None:
                 self.critic = Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))
-            self.state = self.learner.init(self.policy, self.critic)
+            self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
         metrics = self.evaluate("after_sft")
         self.writer.scalars(metrics, 0)
         self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
@@ -417,7 +416,7 @@ class Trainer:
         out = []
         for i in range(0, batch["tokens"].shape[0], size):
             chunk = {k: batch[k][i : i + size] for k in ("tokens", "mask")}
-            out.append(np.asarray(fn(params, chunk)))
+            out.append(np.asarray(fn(params, self.learner.place_batch(chunk))))
         return np.concatenate(out)
 
     def _rl_batch(self, trajs: list[Trajectory], it: int) -> tuple[dict[str, np.ndarray], dict]:
@@ -503,11 +502,11 @@ class Trainer:
                 idx = order[i : i + rl.minibatch_size]
                 if len(idx) < rl.minibatch_size:
                     continue
-                mb = {k: jnp.asarray(v[idx]) for k, v in batch.items()}
+                mb = {k: v[idx] for k, v in batch.items()}
                 if self.learner.envrl is not None:
                     step = int(self.state.step)  # RL updates so far: the weights' schedule step
                     mb.update(self._aux_minibatch(np_rng, rl.minibatch_size, step))
-                self.state, m = self.learner.rl_step(self.state, mb)
+                self.state, m = self.learner.rl_step(self.state, self.learner.place_batch(mb))
                 for k, v in m.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
                 count += 1
