@@ -18,6 +18,8 @@ Typical use::
     mesh = make_mesh((2, 2, 2))
     model = create_sharded_model(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
     tokens = jax.device_put(tokens_bt, named_sharding(mesh, ("batch", "seq"), tokens_bt.shape))
+    with jax.set_mesh(mesh):  # activates the model's activation constraints (``constrain``)
+        logits, _ = jax.jit(lambda m, t: m(t))(model, tokens)
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "act_heads": "tp",
     "act_kv_heads": "tp",
     "act_vocab": "tp",
+    "act_mlp": "tp",
     "layers": None,
     "cache_slots": None,
 }
@@ -156,6 +159,19 @@ def named_sharding(
     return NamedSharding(mesh, logical_to_spec(logical_axes, shape, mesh))
 
 
+def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
+    """Pins an activation's layout by its logical axes, when tracing under ``jax.set_mesh``.
+
+    Outside a mesh context this is the identity, so model code can call it unconditionally;
+    inside one it guides XLA's partitioner (batch over (data, fsdp), heads and MLP width over
+    tp) instead of leaving it to infer activation layouts from the weights'.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return x
+    return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
+
+
 def _is_variable(x: Any) -> bool:
     return isinstance(x, nnx.Variable)
 
@@ -186,21 +202,23 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
     )
 
 
-def create_sharded_model(ctor: Callable[[], M], mesh: Mesh) -> M:
+def create_sharded_model(ctor: Callable[[], M], mesh: Mesh | None = None) -> M:
     """Builds ``ctor()`` with every parameter created directly in its sharded layout.
 
     The model is first traced abstractly (``nnx.eval_shape``: no memory) to learn its parameter
     shapes and logical axes; then the initialiser runs under ``jax.jit`` with ``out_shardings``,
-    so each device only ever materialises its own shard.
+    so each device only ever materialises its own shard. (One compiled initialiser is also much
+    faster than running each parameter's initialiser op by op, so this is worth using without a
+    mesh too.)
 
     Args:
       ctor: a zero-argument function returning the module, e.g.
         ``lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))``.
-      mesh: the device mesh.
+      mesh: the device mesh; None puts the whole model on the default device.
     """
     abstract = nnx.eval_shape(ctor)
     graphdef, abstract_state = nnx.split(abstract)
-    shardings = state_shardings(abstract_state, mesh)
+    shardings = None if mesh is None else state_shardings(abstract_state, mesh)
 
     def init():
         return nnx.state(ctor())

@@ -4,6 +4,7 @@ r"""Benchmarks, measured side by side against a reference in the same run.
     python -m launch.bench advantages --out bench_advantages.json
     python -m launch.bench envs --out bench_envs.json
     python -m launch.bench swe --out bench_swe.json
+    python -m launch.bench sft_data --out bench_sft_data.json
 
 Each prints a table and writes JSON with, per workload, ``ours``, ``reference``, ``ratio`` and
 ``unit``. ``--quick`` shrinks every workload (used by the tests to check the plumbing).
@@ -13,7 +14,7 @@ import importlib
 
 from absl import app, flags
 
-BENCHMARKS = ("sampler", "advantages", "envs", "swe")
+BENCHMARKS = ("sampler", "advantages", "envs", "swe", "sft_data")
 
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON report.")
 _QUICK = flags.DEFINE_bool("quick", False, "Shrink every workload (plumbing check only).")

@@ -32,6 +32,13 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments {argv[1:]}")
     if not _PACKAGE.value and not _PACKAGE_DIR.value:
         raise app.UsageError("give --package=NAME or --package_dir=PATH (repeatable)")
+    unknown = [n for n in _PACKAGE.value if n not in build.PINNED_SDISTS]
+    if unknown:
+        pinned = sorted(build.PINNED_SDISTS)
+        raise app.UsageError(f"--package {unknown} not pinned; pinned: {pinned}")
+    missing = [d for d in _PACKAGE_DIR.value if not os.path.isdir(d)]
+    if missing:
+        raise app.UsageError(f"--package_dir {missing}: not a directory")
     config = build.BuildConfig(
         max_f2p=_MAX_F2P.value,
         max_suite_s=_MAX_SUITE_S.value,

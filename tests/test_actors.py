@@ -162,13 +162,11 @@ def test_pool_is_deterministic_and_matches_sequential(textworld_games):
     kwargs = {"reward": "dense", "max_steps": 8}
     scripts = ["look", "inventory", "xyzzy", "go north", "go south", "take all", "look", "open it"]
 
-    def trajectory(first_obs, results_per_step):
-        return [first_obs] + results_per_step
-
-    sequential = []
+    sequential, reset_keys = [], []
     env = TextWorldEnv(**kwargs)
     for task in tasks:
         steps = [env.reset(task)]
+        reset_keys.append(env.reset_info()["state_key"])
         for action in scripts:
             obs, reward, done, info = env.step(action)
             steps.append((obs, reward, done, info))
@@ -178,7 +176,9 @@ def test_pool_is_deterministic_and_matches_sequential(textworld_games):
 
     with ActorPool("textworld", kwargs, num_workers=2, envs_per_worker=2) as pool:
         for _ in range(2):  # Twice: a reused pool gives the same answers.
-            pooled = [[r.observation] for r in pool.reset(tasks)]
+            resets = pool.reset(tasks)
+            assert [r.info["state_key"] for r in resets] == reset_keys
+            pooled = [[r.observation] for r in resets]
             for action in scripts:
                 actions = [action if len(p) == 1 or not p[-1][2] else None for p in pooled]
                 for p, r in zip(pooled, pool.step(actions)):

@@ -34,7 +34,7 @@ def _task(task_type):
 
 def _play_expert(env, task, limit=60):
     obs = env.reset(task)
-    info = env._last[1]
+    info = env.last_info
     transcript = [(obs.feedback, info["state_key"])]
     rewards, done = [], False
     while not done and len(rewards) < limit:
@@ -86,8 +86,9 @@ def test_pack_is_unpacked_once_into_the_cache(demo, tmp_path):
 def test_tasks_are_named_and_typed(demo):
     _, _, env = demo
     tasks = env.tasks()
-    assert [t.id for t in tasks] == sorted(alfworld_scenes.demo_task_id(t)
-                                           for t in alfworld_data.TASK_TYPES)
+    assert [t.id for t in tasks] == sorted(
+        alfworld_scenes.demo_task_id(t) for t in alfworld_data.TASK_TYPES
+    )
     assert {t.env for t in tasks} == {"alfworld"} and {t.split for t in tasks} == {"train"}
     assert {alfworld_data.task_type_of(t.id) for t in tasks} == set(alfworld_data.TASK_TYPES)
     heat = env.tasks(task_types=["pick_heat_then_place_in_recep"])
@@ -113,8 +114,10 @@ def test_game_file_is_rebuilt_like_alfworld_and_cached(demo):
     # The grammar is the shipped one with UNKNOWN GOAL replaced by one of alfworld's templates.
     shipped = pathlib.Path(ALFRED_TWL2_PATH).read_text()
     params = json.loads((src / "traj_data.json").read_text())["pddl_params"]
-    goals = [t.format(obj="alarmclock", recep="diningtable", toggle="", mrecep="")
-             for t in goal_library.gdict[task_type]["templates"]]
+    goals = [
+        t.format(obj="alarmclock", recep="diningtable", toggle="", mrecep="")
+        for t in goal_library.gdict[task_type]["templates"]
+    ]
     used = [g for g in goals if f"Your task is to: {g}." in game["grammar"]]
     assert params["object_target"] == "AlarmClock" and len(used) == 1
     assert game["grammar"].replace(used[0], "UNKNOWN GOAL") == shipped
@@ -146,13 +149,16 @@ def test_observation_fields_and_determinism(demo):
     _, _, env = demo
     task = _task("pick_heat_then_place_in_recep")
     obs = env.reset(task)
-    assert obs.objective in ("heat some apple and put it in diningtable.",
-                             "put a hot apple in diningtable.")
+    assert obs.objective in (
+        "heat some apple and put it in diningtable.",
+        "put a hot apple in diningtable.",
+    )
     assert obs.text.startswith("You are in the middle of a room.") and "Welcome" not in obs.text
     assert "you see a cabinet 1" in obs.text and obs.feedback == ""
     assert obs.inventory == "You are not carrying anything."
     assert "go to countertop 1" in obs.admissible_commands and "look" in obs.admissible_commands
-    assert env._last[1]["expert_action"] == "look"  # alfworld's expert always starts with look.
+    assert env.last_info["expert_action"] == "look"  # alfworld's expert always starts with look.
+    assert env.reset_info() == env.last_info and env.reset_info()["steps"] == 0
     _, _, first = _play_expert(env, task)
     _, _, second = _play_expert(env, task)
     assert first == second  # Same actions, texts and state keys: the expert is seeded.
@@ -167,9 +173,9 @@ def test_state_key_is_exact_where_text_is_not(demo):
     _, _, env = demo
     task = _task("pick_and_place_simple")
     env.reset(task)
-    start = env._last[1]["state_key"]
+    start = env.last_info["state_key"]
     env.reset(task)
-    assert env._last[1]["state_key"] == start  # Same task, same state: same key.
+    assert env.last_info["state_key"] == start  # Same task, same state: same key.
     obs, _, _, info = env.step("open the pod bay doors")
     assert obs.feedback == NOTHING and info["invalid_action"] and info["state_key"] == start
     _, _, _, at_counter = env.step("go to countertop 1")
@@ -180,6 +186,7 @@ def test_state_key_is_exact_where_text_is_not(demo):
     env.step("go to shelf 1")
     _, _, _, back = env.step("go to countertop 1")
     assert back["state_key"] == at_counter["state_key"]  # Going back restores the same state.
+
     # An independent check on the engine: keys are equal exactly when the sets of true atoms
     # are (the engine also keeps "not_..." negations of deleted atoms: history, not state).
     def atoms():
@@ -211,7 +218,7 @@ def test_malformed_actions_get_feedback_and_the_episode_goes_on(demo, action, no
     _, _, env = demo
     task = _task("pick_cool_then_place_in_recep")
     env.reset(task)
-    start = env._last[1]["state_key"]
+    start = env.last_info["state_key"]
     obs, reward, done, info = env.step(action)
     assert obs.feedback == NOTHING and info["invalid_action"] and reward == 0.0 and not done
     assert info["state_key"] == start and note in info["action_note"]
@@ -235,7 +242,7 @@ def test_step_limit_and_stepping_after_the_end(demo):
     with pytest.raises(RuntimeError, match="before reset"):
         env.step("look")
     obs = env.reset(_task("look_at_obj_in_light"))
-    assert env._last[1]["expert_action"] is None  # No expert asked for.
+    assert env.last_info["expert_action"] is None  # No expert asked for.
     outcomes = [env.step("look") for _ in range(3)]
     assert [o[2] for o in outcomes] == [False, False, True]
     assert outcomes[-1][3]["truncated"] and not outcomes[-1][3]["won"] and outcomes[-1][1] == 0.0
@@ -276,3 +283,58 @@ def test_bad_task_input_gives_clear_errors_and_the_env_survives(demo, tmp_path):
     with pytest.raises(ValueError, match="does not start with a task type"):
         bad.reset("make_coffee-Mug/trial_T0")
     bad.close()
+
+
+def test_fast_engine_gives_identical_episodes(demo):
+    """alfworld_speedups against TextWorld's own code: every text, command list and key equal."""
+    from agentrl_jax.envs import alfworld_speedups
+
+    _, _, env = demo
+    task = _task("pick_clean_then_place_in_recep")
+
+    def episode():
+        info, _, transcript = _play_expert(env, task)
+        return transcript, env._last[0].admissible_commands, info
+
+    alfworld_speedups.uninstall()
+    env.fast_engine = False
+    try:
+        stock = episode()
+    finally:
+        env.fast_engine = True
+        alfworld_speedups.install()
+    assert alfworld_speedups.installed()
+    assert episode() == stock and stock[2]["won"]
+    assert episode() == stock  # Again, now from the memoized translation and parses.
+
+
+def test_bench_rows_quick():
+    from agentrl_jax.envs.alfworld_env import bench_rows
+
+    rows = bench_rows(quick=True)
+    assert [r.workload for r in rows] == [
+        "alfworld reset, pool vs 1 process",
+        "alfworld step, pool vs 1 process",
+        "alfworld step, fast engine vs stock",
+        "alfworld reset of the same task, fast engine vs stock",
+    ]
+    assert [r.unit for r in rows] == ["resets/s", "steps/s", "steps/s", "resets/s"]
+    for row in rows:
+        assert row.ours > 0 and row.reference > 0 and row.ratio is not None
+    assert rows[0].extra["cores"] >= 1 and rows[0].extra["tasks"].startswith("demo room")
+
+
+def test_planner_expert_wins_with_a_shortest_plan(demo):
+    root, cache, _ = demo
+    env = ALFWorldEnv(data_dir=root, cache_dir=cache, expert="planner")
+    info, rewards, transcript = _play_expert(env, _task("look_at_obj_in_light"))
+    env.close()
+    assert info["won"] and rewards == [0.0, 0.0, 0.0, 1.0]
+    assert [step[0] for step in transcript[1:]] == [
+        "go to shelf 1",
+        "take alarmclock 1 from shelf 1",
+        "go to sidetable 1",
+        "use desklamp 1",
+    ]
+    with pytest.raises(ValueError, match="unknown ALFWorld expert"):
+        ALFWorldEnv(data_dir=root, cache_dir=cache, expert="oracle")

@@ -191,7 +191,9 @@ def ref_gigpo(trajs, gamma, omega, norm_by_std=True):
             anchors.setdefault((t["group"], key), []).append((i, k))
     step = [[None] * len(t["rewards"]) for t in trajs]
     for members in anchors.values():
-        for (i, k), a in zip(members, ref_normalize([returns[i][k] for i, k in members], norm_by_std)):
+        for (i, k), a in zip(
+            members, ref_normalize([returns[i][k] for i, k in members], norm_by_std)
+        ):
             step[i][k] = a
     return [[episode[i] + omega * a for a in step[i]] for i in range(len(trajs))]
 
@@ -475,3 +477,33 @@ def test_each_estimator_compiles_once_per_shape_bucket():
         fn(bigger, K.AdvantageConfig(), values=bigger_values if name == "gae" else None)
         fn(bigger, K.AdvantageConfig(), values=bigger_values if name == "gae" else None)
         assert advantages_module.TRACE_COUNTS[name] - seen == 1, name  # a new bucket: once
+
+
+@pytest.mark.parametrize("discount", [1.0, 0.95, 0.5, 0.01, 0.0])
+def test_masked_suffix_sums_match_loop(discount):
+    """The chunked-matmul scan (and its sequential fallback for tiny discounts) vs a loop."""
+    from agentrl_jax.kernels.segments import masked_suffix_sums
+
+    rng = np.random.default_rng(int(discount * 100))
+    x = rng.uniform(-1, 1, (5, 100)).astype(np.float32)
+    mask = rng.random((5, 100)) < 0.6
+    mask[1] = False  # a row with nothing to sum
+    incl = np.asarray(masked_suffix_sums(x, mask, discount))
+    strict = np.asarray(masked_suffix_sums(x, mask, discount, strict=True))
+    for b in range(5):
+        nxt = 0.0
+        for t in reversed(range(100)):
+            if not mask[b, t]:
+                assert incl[b, t] == 0.0 and strict[b, t] == 0.0
+                continue
+            assert abs(strict[b, t] - nxt) <= ATOL
+            nxt = float(x[b, t]) + discount * nxt
+            assert abs(incl[b, t] - nxt) <= ATOL
+
+
+def test_gae_with_lambda_zero_is_one_step_td():
+    trajs = random_trajectories(5)
+    batch, values, _, positions = pack(trajs, shape=BUCKET)
+    out = K.gae(batch, K.AdvantageConfig(gamma=0.9, lam=0.0), values=values)
+    refs = [ref_gae(t, 0.9, 0.0)[0] for t in trajs]
+    assert max_token_diff(out.tokens, positions, refs) <= (ATOL, 0.0)

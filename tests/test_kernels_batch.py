@@ -45,20 +45,32 @@ def test_string_state_keys_are_accepted():
 @pytest.mark.parametrize(
     "field, value, message",
     [
-        ("rewards", np.array([[0.0, np.nan, 0.0], [0.5, 0, 0]]), r"rewards is nan at index \(0, 1\)"),
+        (
+            "rewards",
+            np.array([[0.0, np.nan, 0.0], [0.5, 0, 0]]),
+            r"rewards is nan at index \(0, 1\)",
+        ),
         ("rewards", np.array([[0.0, 0, np.inf], [0.5, 0, 0]]), r"rewards is inf at index \(0, 2\)"),
-        ("rewards", np.zeros((3, 3)), r"rewards is of shape \(3, 3\); expected \[B, S\] with B = 2"),
+        (
+            "rewards",
+            np.zeros((3, 3)),
+            r"rewards is of shape \(3, 3\); expected \[B, S\] with B = 2",
+        ),
         ("step_ids", np.zeros((2, 4), int), r"step_ids is of shape \(2, 4\); expected \(2, 5\)"),
         ("step_mask", np.ones((2, 2)), r"step_mask is of shape \(2, 2\); expected \(2, 3\)"),
         ("group_ids", np.array([1, 2, 3]), r"group_ids is of shape \(3,\); expected \(2,\)"),
         ("state_keys", np.zeros((2, 4)), r"state_keys is of shape \(2, 4\); expected \(2, 3\)"),
         ("loss_mask", np.zeros(5), r"loss_mask is of shape \(5,\) \(1-D\)"),
-        ("loss_mask", np.full((2, 5), 2), r"loss_mask is 2 at index \(0, 0\); expected only 0 and 1"),
+        (
+            "loss_mask",
+            np.full((2, 5), 2),
+            r"loss_mask is 2 at index \(0, 0\); expected only 0 and 1",
+        ),
         ("step_mask", np.array([[1, 0, 1], [1, 0, 0]]), r"step_mask is \[1, 0, 1\] in row 0"),
         ("step_ids", np.array([[0, 0, 0, -1, 1], [-1, 0, -1, -1, -1]]), r"-1 off agent tokens"),
         ("step_ids", np.array([[-1, 0, 0, -1, 2], [-1, 0, -1, -1, -1]]), r"in \[0, 2\)"),
         ("step_ids", np.array([[-1, 1, 1, -1, 0], [-1, 0, -1, -1, -1]]), r"contiguous run"),
-        ("step_ids", np.array([[-1, 0, 0, -1, 0], [-1, 0, -1, -1, -1]]), r"1 actions in row 0"),
+        ("step_ids", np.array([[-1, 0, 0, -1, 0], [-1, 0, -1, -1, -1]]), r"run of step 0 starting"),
         ("step_ids", np.zeros((2, 5)), r"dtype float64; expected an integer array"),
     ],
 )
@@ -66,6 +78,14 @@ def test_bad_input_names_the_argument(field, value, message):
     kw = good()
     kw[field] = value
     with pytest.raises(ValueError, match=message):
+        K.make_batch(**kw)
+
+
+def test_a_step_without_tokens_is_rejected():
+    kw = good()
+    kw["loss_mask"] = np.array([[0, 1, 1, 0, 0], [0, 1, 0, 0, 0]])
+    kw["step_ids"] = np.array([[-1, 0, 0, -1, -1], [-1, 0, -1, -1, -1]])
+    with pytest.raises(ValueError, match=r"1 actions in row 0 while step_mask has 2 real steps"):
         K.make_batch(**kw)
 
 

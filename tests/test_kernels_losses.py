@@ -54,7 +54,9 @@ def ref_ppo(d, cfg):
         for run in row_runs:
             for t in run:
                 if cfg.ratio_level == "action":
-                    rho = sum(float(d["logp"][r, u]) - float(d["old"][r, u]) for u in run) / len(run)
+                    rho = sum(float(d["logp"][r, u]) - float(d["old"][r, u]) for u in run) / len(
+                        run
+                    )
                 else:
                     rho = float(d["logp"][r, t]) - float(d["old"][r, t])
                 ratio, a = math.exp(rho), float(d["adv"][r, t])

@@ -1,5 +1,7 @@
 """The Qwen2 modules on their own: padding, the KV cache, remat, the value model, presets."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -7,12 +9,26 @@ import pytest
 from flax import nnx
 
 from agentrl_jax.models import KVCache, ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
-from agentrl_jax.models.testing import TEST_CONFIG
+from agentrl_jax.models.testing import TEST_CONFIG, random_model
+
+
+def _init(cls, cfg, seed=0):
+    return random_model(cls, cfg, seed=seed)
 
 
 @pytest.fixture(scope="module")
 def policy():
-    return Qwen2ForCausalLM(TEST_CONFIG, rngs=nnx.Rngs(0))
+    return _init(Qwen2ForCausalLM, TEST_CONFIG)
+
+
+@jax.jit
+def _forward(model, tokens_bt, mask_bt=None):
+    return model(tokens_bt, mask_bt=mask_bt)
+
+
+@jax.jit
+def _values(model, tokens_bt, mask_bt):
+    return model(tokens_bt, mask_bt=mask_bt)
 
 
 def _tokens(shape, seed=0):
@@ -20,17 +36,16 @@ def _tokens(shape, seed=0):
 
 
 def test_forward_shapes_and_dtypes(policy):
-    logits, cache = policy(_tokens((2, 5)))
+    logits, cache = _forward(policy, _tokens((2, 5)))
     assert logits.shape == (2, 5, TEST_CONFIG.vocab_size)
     assert logits.dtype == jnp.float32
     assert cache is None
     assert bool(jnp.all(jnp.isfinite(logits)))
 
     cfg16 = TEST_CONFIG.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
-    bf16 = Qwen2ForCausalLM(cfg16, rngs=nnx.Rngs(0))
-    nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(policy)))
+    bf16 = _init(Qwen2ForCausalLM, cfg16)
     assert bf16.trunk.layers[0].attn.q_weight_dnh[...].dtype == jnp.bfloat16
-    logits_bf16, _ = bf16(_tokens((2, 5)))
+    logits_bf16, _ = _forward(bf16, _tokens((2, 5)))
     assert logits_bf16.dtype == jnp.float32  # logits are always f32 for stable log-probs
     # The same weights in bf16: logits agree to bf16 precision (not to f32's).
     diff = float(jnp.max(jnp.abs(logits_bf16 - logits)))
@@ -39,15 +54,15 @@ def test_forward_shapes_and_dtypes(policy):
 
 def test_padding_left_and_right_matches_unpadded(policy):
     seq = _tokens((1, 6), seed=1)
-    ref, _ = policy(seq)
+    ref, _ = _forward(policy, seq)
     pad = jnp.zeros((1, 3), jnp.int32)
     left = jnp.concatenate([pad, seq], axis=1)
     right = jnp.concatenate([seq, pad], axis=1)
     batch = jnp.concatenate([left, right], axis=0)
-    mask = jnp.concatenate(
-        [jnp.arange(9)[None] >= 3, jnp.arange(9)[None] < 6], axis=0
-    ).astype(jnp.int32)
-    logits, _ = policy(batch, mask_bt=mask)
+    mask = jnp.concatenate([jnp.arange(9)[None] >= 3, jnp.arange(9)[None] < 6], axis=0).astype(
+        jnp.int32
+    )
+    logits, _ = _forward(policy, batch, mask)
     assert float(jnp.max(jnp.abs(logits[0, 3:] - ref[0]))) <= 1e-5
     assert float(jnp.max(jnp.abs(logits[1, :6] - ref[0]))) <= 1e-5
 
@@ -56,7 +71,7 @@ def test_cache_multi_turn_matches_full_forward(policy):
     """Prefill of ragged prompts, single-token decode steps, then a second ragged chunk."""
     full = _tokens((2, 14), seed=2)
     lens1 = np.array([5, 3])  # first chunk: prompt lengths
-    lens2 = np.array([4, 6])  # a later chunk (e.g. the next observation)
+    lens2 = np.array([2, 5])  # a later chunk (the next observation); same width as the first
     cache = KVCache.create(TEST_CONFIG, batch=2, size=32)
     step = jax.jit(lambda m, t, c, n: m(t, cache=c, num_new_b=n))
 
@@ -76,7 +91,7 @@ def test_cache_multi_turn_matches_full_forward(policy):
         pos += lengths
     np.testing.assert_array_equal(cache.lengths, pos)
     for b in range(2):
-        ref, _ = policy(full[b : b + 1, : pos[b]])
+        ref, _ = _forward(policy, full[b : b + 1, : pos[b]])
         diff = np.abs(np.concatenate(got[b]) - np.asarray(ref[0])).max()
         assert diff <= 1e-5, (b, diff)
 
@@ -87,16 +102,21 @@ def _ce_loss(model, tokens):
     return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
 
 
-def test_remat_gives_same_grads(policy):
+def test_remat_gives_same_grads():
+    cfg = TEST_CONFIG.replace(num_layers=1)  # one layer exercises remat; keeps compiles short
     tokens = _tokens((2, 8), seed=3)
-    remat = Qwen2ForCausalLM(TEST_CONFIG.replace(remat=True), rngs=nnx.Rngs(0))
-    nnx.update(remat, nnx.state(policy))
-    loss_a, grads_a = jax.jit(nnx.value_and_grad(_ce_loss))(policy, tokens)
+    plain = _init(Qwen2ForCausalLM, cfg)
+    remat = _init(Qwen2ForCausalLM, cfg.replace(remat=True))
+    loss_a, grads_a = jax.jit(nnx.value_and_grad(_ce_loss))(plain, tokens)
     loss_b, grads_b = jax.jit(nnx.value_and_grad(_ce_loss))(remat, tokens)
     assert abs(float(loss_a) - float(loss_b)) <= 1e-6
     for a, b in zip(jax.tree.leaves(grads_a), jax.tree.leaves(grads_b), strict=True):
         assert float(jnp.max(jnp.abs(a - b))) <= 1e-6
     assert float(sum(jnp.sum(jnp.abs(g)) for g in jax.tree.leaves(grads_a))) > 0
+    # And remat is really there: the traced program checkpoints the layer, the plain one not.
+    remat_primitive = re.compile(r"\bremat\d*\[")  # jax.checkpoint's primitive, e.g. remat2
+    assert remat_primitive.search(str(jax.make_jaxpr(_ce_loss)(remat, tokens)))
+    assert not remat_primitive.search(str(jax.make_jaxpr(_ce_loss)(plain, tokens)))
 
 
 def test_value_model_from_policy(policy):
@@ -109,17 +129,17 @@ def test_value_model_from_policy(policy):
         np.testing.assert_array_equal(p, v)
         # Copies, not aliases: donating one model's buffers must not free the other's.
         assert p.unsafe_buffer_pointer() != v.unsafe_buffer_pointer()
-    hidden_p, _ = policy.trunk(tokens, mask_bt=mask)
-    hidden_v, _ = value.trunk(tokens, mask_bt=mask)
+    hidden_p, _ = _forward(policy.trunk, tokens, mask)
+    hidden_v, _ = _forward(value.trunk, tokens, mask)
     np.testing.assert_array_equal(hidden_p, hidden_v)
-    values = value(tokens, mask_bt=mask)
+    values = _values(value, tokens, mask)
     assert values.shape == (2, 7) and values.dtype == jnp.float32
     np.testing.assert_array_equal(values, 0.0)  # zero-initialised head
 
     # The head reads the trunk: a unit head weight gives each token's first hidden unit.
     value.value_weight_d[...] = jnp.zeros_like(value.value_weight_d[...]).at[0].set(1.0)
     value.value_bias[...] = jnp.asarray(0.5)
-    np.testing.assert_allclose(value(tokens, mask_bt=mask), hidden_p[..., 0] + 0.5, atol=1e-6)
+    np.testing.assert_allclose(_values(value, tokens, mask), hidden_p[..., 0] + 0.5, atol=1e-6)
 
     # Training the critic's trunk leaves the policy's alone.
     before = np.asarray(policy.trunk.embed_vd[...])
@@ -127,11 +147,15 @@ def test_value_model_from_policy(policy):
     np.testing.assert_array_equal(policy.trunk.embed_vd[...], before)
 
 
-def test_fresh_value_model():
-    value = Qwen2ValueModel(TEST_CONFIG, rngs=nnx.Rngs(1))
-    out = value(_tokens((3, 4)))
+def test_fresh_value_model_head():
+    value = _init(Qwen2ValueModel, TEST_CONFIG, seed=1)
+    tokens = _tokens((3, 4))
+    out = _values(value, tokens, None)
+    hidden, _ = _forward(value.trunk, tokens)
+    expected = np.asarray(hidden) @ np.asarray(value.value_weight_d[...])
+    expected += float(value.value_bias[...])
     assert out.shape == (3, 4)
-    np.testing.assert_array_equal(out, 0.0)
+    np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
 def test_preset_parameter_counts_match_transformers():
@@ -154,6 +178,14 @@ def test_preset_parameter_counts_match_transformers():
     assert 1_000_000 < tiny.num_params < 10_000_000
 
 
+def test_backend_dtypes():
+    from agentrl_jax.models.config import backend_dtypes
+
+    assert backend_dtypes("cpu") == {"dtype": jnp.float32, "param_dtype": jnp.float32}
+    assert backend_dtypes("gpu")["dtype"] == jnp.bfloat16
+    assert preset("tiny", **backend_dtypes("tpu")).dtype == jnp.bfloat16
+
+
 def test_config_errors():
     with pytest.raises(ValueError, match="unknown model preset 'nope'"):
         preset("nope")
@@ -167,3 +199,7 @@ def test_config_errors():
             num_kv_heads=4,
             head_dim=2,
         )
+    with pytest.raises(ValueError, match="ModelConfig.hidden_size must be a positive int, got 0"):
+        TEST_CONFIG.replace(hidden_size=0)
+    with pytest.raises(ValueError, match="head_dim=3 must be even"):
+        TEST_CONFIG.replace(head_dim=3)

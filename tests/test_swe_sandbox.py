@@ -4,9 +4,11 @@ unshare/setpriv fallback), as root in CI (the sandbox drops to a leased non-root
 
 import contextlib
 import os
+import pathlib
 import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -208,6 +210,42 @@ def test_file_size_limit(box):
     r = box.run("head -c 100000000 /dev/zero > big; echo rc=$?; stat -c %s big")
     assert os.path.getsize(os.path.join(box.workspace, "big")) <= LIMITS.file_bytes
     assert "rc=0" not in r.output
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_hidden_paths_are_masked(backend, tmp_path, default):
+    # Outside /tmp (always private); /var/tmp is among the default hidden paths.
+    secret_dir = pathlib.Path(tempfile.mkdtemp(dir="/var/tmp"))
+    try:
+        os.chmod(secret_dir, 0o755)
+        (secret_dir / "patch.diff").write_text("the answer")
+        os.chmod(secret_dir / "patch.diff", 0o644)  # readable by anyone: only the mask stops it
+        ws = tmp_path / "ws"
+        ws.mkdir()
+        hidden = sandbox_lib.DEFAULT_HIDDEN if default else (str(secret_dir),)
+        with Sandbox(str(ws), LIMITS, hidden=hidden) as box:
+            r = box.run(f"cat {secret_dir}/patch.diff; echo listing; ls -A {secret_dir}; echo end")
+        assert "the answer" not in r.output and "No such file or directory" in r.output
+        listing = r.output.split("listing\n")[1]
+        assert "patch.diff" not in listing and listing.endswith("end\n")
+        assert (secret_dir / "patch.diff").read_text() == "the answer"  # host copy untouched
+    finally:
+        shutil.rmtree(secret_dir)
+
+
+def test_no_working_backend_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv("AGENTRL_SANDBOX", raising=False)
+    monkeypatch.setattr(sandbox_lib, "_PROBED", {})
+    monkeypatch.setattr(sandbox_lib.shutil, "which", lambda name: None)
+    with pytest.raises(sandbox_lib.SandboxError, match=r"no sandbox works here \(bwrap: \['bwrap'"):
+        sandbox_lib.detect_backend()
+
+
+def test_bad_limits_are_clear_errors():
+    with pytest.raises(ValueError, match=r"Limits.cpu_s=0: expected >= 1"):
+        Limits(cpu_s=0)
+    with pytest.raises(ValueError, match=r"Limits.nproc=1: expected >= 8"):
+        Limits(nproc=1)
 
 
 def test_bad_backend_is_a_clear_error(monkeypatch, tmp_path):

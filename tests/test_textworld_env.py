@@ -213,6 +213,15 @@ def test_cache_is_reused(textworld_games, monkeypatch):
     assert games.game_path("simple", 0) == before[0]  # The env var picks the default root.
 
 
+def test_task_with_a_stale_path_finds_its_game_by_spec_and_seed(textworld_games, monkeypatch):
+    monkeypatch.setenv("AGENTRL_CACHE", str(textworld_games["root"]))
+    task = textworld_games["train"][1]
+    moved = Task(task.env, task.split, task.id, (*task.params[:-1], ("path", "/gone/game.z8")))
+    assert moved.param("path") == "/gone/game.z8"
+    monkeypatch.setattr(games, "_generate", lambda *a: pytest.fail("the game is in the cache"))
+    assert games.task_game_path(moved) == task.param("path")
+
+
 def test_train_and_eval_games_are_disjoint(textworld_games):
     train_seeds = {t.param("seed") for t in textworld_games["train"]}
     valid_seeds = {t.param("seed") for t in textworld_games["valid"]}
@@ -240,7 +249,9 @@ def test_spec_parsing_and_errors():
     assert games.parse_spec("tw-coin_collector:level=5").name == "tw-coin_collector-level5"
     cooking = games.parse_spec("tw-cooking:recipe=2,take=1,go=6,open,cut")
     assert dict(cooking.settings)["go"] == 6 and dict(cooking.settings)["open"] is True
-    assert games.spec_from_name(games.parse_spec("custom:5,9,3").name).name == "custom-r5-o9-q3"
+    for text in ("hard", "custom:5,9,3", "tw-cooking:go=6,open,cut", "tw-treasure_hunter:level=3"):
+        spec = games.parse_spec(text)
+        assert games.parse_spec(spec.text) == spec, text
     for bad, match in [
         ("enormous", "unknown game spec"),
         ("custom:2,3", "three integers"),
@@ -260,7 +271,7 @@ def test_missing_and_corrupt_game_files(textworld_games, tmp_path):
     missing = Task("textworld", "train", "x", (("path", str(tmp_path / "none" / "game.z8")),))
     with pytest.raises(GameFileError, match="missing; make the games"):
         env.reset(missing)
-    with pytest.raises(ValueError, match="needs params 'path' or both 'spec' and 'seed'"):
+    with pytest.raises(ValueError, match="needs params 'path' or both 'spec_text' and 'seed'"):
         env.reset(Task("textworld", "train", "x"))
     source = os.path.dirname(textworld_games["train"][0].param("path"))
     for damage, match in [
@@ -308,3 +319,16 @@ def test_make_games_cli(textworld_games):
     assert "3 custom-r2-o3-q2 games (train) ready" in ok.stdout
     bad = run("--spec=gigantic", f"--cache_dir={root}")
     assert bad.returncode != 0 and "unknown game spec 'gigantic'" in bad.stderr
+
+
+def test_reset_info_gives_the_initial_key_and_expert(textworld_games):
+    env = TextWorldEnv()
+    task = textworld_games["train"][0]
+    with pytest.raises(RuntimeError, match="before reset"):
+        env.reset_info()
+    env.reset(task)
+    info = env.reset_info()
+    assert info["steps"] == 0 and not info["won"] and not info["invalid_action"]
+    _, _, _, after_look = env.step("look")
+    assert info["state_key"] == after_look["state_key"]
+    assert info["expert_action"] == after_look["expert_action"] is not None

@@ -426,7 +426,8 @@ def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pi
 def _run_one(envs, local: int, kind: str, payload, factory, env_kwargs) -> StepResult:
     try:
         if kind == "reset":
-            return StepResult(observation=envs[local].reset(payload))
+            obs = envs[local].reset(payload)
+            return StepResult(observation=obs, info=envs[local].reset_info())
         obs, reward, done, info = envs[local].step(payload)
         return StepResult(observation=obs, reward=float(reward), done=bool(done), info=info)
     except Exception as e:  # noqa: BLE001 - one episode fails, the worker lives on.

@@ -85,8 +85,9 @@ def resolve_data_dir(
         data_dir = os.environ.get("ALFWORLD_DATA")
         source = "$ALFWORLD_DATA"
         if not data_dir:
-            raise MissingDataError(f"No ALFWorld data: data_dir is None and {source} is unset. "
-                                   + HOW_TO_GET_DATA)
+            raise MissingDataError(
+                f"No ALFWorld data: data_dir is None and {source} is unset. " + HOW_TO_GET_DATA
+            )
     path = pathlib.Path(os.path.expandvars(os.fspath(data_dir))).expanduser()
     if path.is_file() and _is_tarball(path):
         return extract_tarball(path, cache_dir)
@@ -96,7 +97,9 @@ def resolve_data_dir(
         return path.parent
     if (path / TARBALL_NAME).is_file():
         return extract_tarball(path / TARBALL_NAME, cache_dir)
-    what = "does not exist" if not path.exists() else f"has no {JSON_DIR}/ folder nor {TARBALL_NAME}"
+    what = (
+        "does not exist" if not path.exists() else f"has no {JSON_DIR}/ folder nor {TARBALL_NAME}"
+    )
     raise MissingDataError(f"ALFWorld data {source}={str(path)!r} {what}. " + HOW_TO_GET_DATA)
 
 
@@ -126,12 +129,15 @@ def extract_tarball(
             tar.extractall(tmp, filter="data")  # 'data' refuses absolute paths and links out.
     except (tarfile.TarError, OSError, EOFError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MissingDataError(f"cannot unpack ALFWorld pack {str(tarball)!r}: {e}. "
-                               + HOW_TO_GET_DATA) from e
+        raise MissingDataError(
+            f"cannot unpack ALFWorld pack {str(tarball)!r}: {e}. " + HOW_TO_GET_DATA
+        ) from e
     if not (tmp / JSON_DIR).is_dir():
         shutil.rmtree(tmp, ignore_errors=True)
-        raise MissingDataError(f"ALFWorld pack {str(tarball)!r} has no {JSON_DIR}/ folder at its "
-                               "top level. " + HOW_TO_GET_DATA)
+        raise MissingDataError(
+            f"ALFWorld pack {str(tarball)!r} has no {JSON_DIR}/ folder at its "
+            "top level. " + HOW_TO_GET_DATA
+        )
     try:
         os.rename(tmp, target)
     except OSError:  # Another process won the race: its tree is complete, use it.
@@ -145,7 +151,9 @@ def split_dir(root: pathlib.Path, split: str) -> pathlib.Path:
         raise ValueError(f"unknown ALFWorld split {split!r}; expected one of {SPLITS}")
     path = root / JSON_DIR / split
     if not path.is_dir():
-        raise MissingDataError(f"ALFWorld split folder {str(path)!r} is missing. " + HOW_TO_GET_DATA)
+        raise MissingDataError(
+            f"ALFWorld split folder {str(path)!r} is missing. " + HOW_TO_GET_DATA
+        )
     return path
 
 
@@ -159,7 +167,9 @@ def list_task_ids(
     if task_types is not None:
         unknown = sorted(set(task_types) - set(TASK_TYPES))
         if unknown:
-            raise ValueError(f"unknown ALFWorld task types {unknown}; expected some of {TASK_TYPES}")
+            raise ValueError(
+                f"unknown ALFWorld task types {unknown}; expected some of {TASK_TYPES}"
+            )
     base = split_dir(root, split)
     ids = []
     for pddl in base.glob("*/*/initial_state.pddl"):
@@ -176,8 +186,9 @@ def task_type_of(task_id: str) -> str:
     """The task type encoded at the start of the task folder name (ValueError if none)."""
     prefix = task_id.split("/", 1)[0].split("-", 1)[0]
     if prefix not in TASK_TYPES:
-        raise ValueError(f"task id {task_id!r} does not start with a task type; expected one of "
-                         f"{TASK_TYPES}")
+        raise ValueError(
+            f"task id {task_id!r} does not start with a task type; expected one of {TASK_TYPES}"
+        )
     return prefix
 
 
@@ -203,12 +214,14 @@ def read_traj_data(path: pathlib.Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise TaskDataError(f"{str(path)!r}: expected a JSON object, got {type(data).__name__}")
     if data.get("task_type") not in TASK_TYPES:
-        raise TaskDataError(f"{str(path)!r}: field task_type={data.get('task_type')!r} is not one "
-                            f"of {TASK_TYPES}")
+        raise TaskDataError(
+            f"{str(path)!r}: field task_type={data.get('task_type')!r} is not one of {TASK_TYPES}"
+        )
     params = data.get("pddl_params")
     if not isinstance(params, dict) or any(k not in params for k in PDDL_PARAMS):
-        raise TaskDataError(f"{str(path)!r}: field pddl_params={params!r} must be an object with "
-                            f"keys {PDDL_PARAMS}")
+        raise TaskDataError(
+            f"{str(path)!r}: field pddl_params={params!r} must be an object with keys {PDDL_PARAMS}"
+        )
     return data
 
 

@@ -82,10 +82,12 @@ def make_engine(expert: str | None = AlfredExpertType.HANDCODED) -> textworld.co
         every step: optimal but slower), or None (no expert, cheapest).
     """
     if expert is not None and expert not in EXPERT_TYPES:
-        raise ValueError(f"unknown ALFWorld expert {expert!r}; expected one of {EXPERT_TYPES} "
-                         "or None")
-    infos = textworld.EnvInfos(admissible_commands=True, won=True, facts=expert is not None,
-                               extras=["gamefile"])
+        raise ValueError(
+            f"unknown ALFWorld expert {expert!r}; expected one of {EXPERT_TYPES} or None"
+        )
+    infos = textworld.EnvInfos(
+        admissible_commands=True, won=True, facts=expert is not None, extras=["gamefile"]
+    )
     env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
     if expert is not None:
         env = SafeExpert(env, expert_type=expert)

@@ -1,9 +1,9 @@
 """ALFWorld, the text version of ALFRED household tasks, behind the project's ``Env`` contract.
 
     env = ALFWorldEnv(data_dir="../shared/data/alfworld", max_steps=50)
-    task = env.tasks("valid_unseen")[0]      # Task(env="alfworld", split=..., id="<folder>/<trial>")
-    obs = env.reset(task)                    # obs.objective: "put some mug on desk."
-    obs, reward, done, info = env.step(info_or_obs_command)
+    task = env.tasks("valid_unseen")[0]  # Task("alfworld", "valid_unseen", "<folder>/<trial>")
+    obs = env.reset(task)                # obs.objective: "put some mug on desk."
+    obs, reward, done, info = env.step(env.reset_info()["expert_action"])
 
 Each task's game is rebuilt from its problem (``alfworld_games``), played by TextWorld's PDDL engine
 with alfworld's wrappers (``alfworld_engine``). Reward is sparse: 1 on the step that wins, else 0.
@@ -16,8 +16,9 @@ An episode ends on a win or after ``max_steps`` steps (ALFWorld papers use 50).
   task_type (one of the six), task (the task name), steps, truncated (hit max_steps unwon),
   action_note (what was done to a malformed action, '' when nothing).
 
-state_key is ``stable_key`` of the task and the sorted grounded facts of the true PDDL state
-(raw object ids such as ``Mug_bar__minus_02_dot_05...``, which are unique). Text alone is not
+state_key is ``stable_key`` of the task and the sorted true atoms of the PDDL state (grounded over
+raw object ids such as ``Mug_bar__minus_02_dot_05...``, which are unique; the engine's records of
+deleted atoms are left out, see ``alfworld_engine.fact_strings``). Text alone is not
 enough: two different states can print the same text. "Nothing happens." is the feedback of any
 invalid command from any state; "You arrive at drawer 1. The drawer 1 is closed." hides whether
 something was put in that drawer earlier; display names are per-class counters, so which of two
@@ -55,6 +56,10 @@ class ALFWorldEnv(Env):
       cache_dir: where packs are unpacked and games cached (default ~/.cache/agentrl_jax/alfworld).
       goal_desc_human_anns_prob: probability of a human-written goal instead of the template.
       admissible_commands: list the valid commands in each observation.
+      fast_engine: memoize pure functions inside the engine (``alfworld_speedups``: grammar
+        parsing and PDDL translation): identical games, ~3x faster steps, resets of a game
+        already seen nearly free. False does not install it (the patch is process-wide: it stays
+        if another env of the process installed it; ``alfworld_speedups.uninstall()`` removes it).
     """
 
     def __init__(
@@ -66,15 +71,22 @@ class ALFWorldEnv(Env):
         cache_dir: str | os.PathLike | None = None,
         goal_desc_human_anns_prob: float = 0.0,
         admissible_commands: bool = True,
+        fast_engine: bool = True,
     ):
         if split not in alfworld_data.SPLITS:
-            raise ValueError(f"unknown ALFWorld split {split!r}; expected one of "
-                             f"{alfworld_data.SPLITS}")
+            raise ValueError(
+                f"unknown ALFWorld split {split!r}; expected one of {alfworld_data.SPLITS}"
+            )
+        if expert not in (None, "handcoded", "planner"):
+            raise ValueError(
+                f"unknown ALFWorld expert {expert!r}; expected 'handcoded', 'planner' or None"
+            )
         if max_steps < 1:
             raise ValueError(f"max_steps must be >= 1, got {max_steps}")
         if not 0.0 <= goal_desc_human_anns_prob <= 1.0:
-            raise ValueError(f"goal_desc_human_anns_prob must be in [0, 1], got "
-                             f"{goal_desc_human_anns_prob}")
+            raise ValueError(
+                f"goal_desc_human_anns_prob must be in [0, 1], got {goal_desc_human_anns_prob}"
+            )
         # Resolve before importing alfworld: its import sets ALFWORLD_DATA when unset.
         self.root = alfworld_data.resolve_data_dir(data_dir, cache_dir)
         self.split = split
@@ -83,6 +95,7 @@ class ALFWorldEnv(Env):
         self.cache_dir = cache_dir
         self.goal_desc_human_anns_prob = float(goal_desc_human_anns_prob)
         self.list_admissible = admissible_commands
+        self.fast_engine = fast_engine
         self._engine = None
         self._loaded: pathlib.Path | None = None
         self._task: Task | None = None
@@ -90,6 +103,21 @@ class ALFWorldEnv(Env):
         self._steps = 0
         self._done = True
         self._last: tuple[Observation, dict[str, Any]] | None = None
+
+    @property
+    def last_info(self) -> dict[str, Any]:
+        """The info of the last reset or step (after a reset: won, state_key, expert_action...).
+
+        ``reset`` returns only an Observation (the Env contract); the initial state key and the
+        expert's first action are here.
+        """
+        if self._last is None:
+            raise RuntimeError("ALFWorldEnv.last_info before reset(): call reset(task) first")
+        return dict(self._last[1])
+
+    def reset_info(self) -> dict[str, Any]:
+        """The Env contract's name for ``last_info`` right after a reset."""
+        return self.last_info
 
     def tasks(self, split: str | None = None, task_types=None) -> list[Task]:
         """The tasks of a split (default: this env's), sorted by id, optionally of some types."""
@@ -104,15 +132,24 @@ class ALFWorldEnv(Env):
         task = self._as_task(task)
         self._done = True  # Until this reset succeeds, stepping is refused.
         game_file = alfworld_games.build_game(
-            self.root, task.split, task.id, cache_dir=self.cache_dir,
+            self.root,
+            task.split,
+            task.id,
+            cache_dir=self.cache_dir,
             goal_desc_human_anns_prob=self.goal_desc_human_anns_prob,
         )
         if self._engine is None:
             self._engine = alfworld_engine.make_engine(self.expert)
+        if self.fast_engine:
+            from agentrl_jax.envs import alfworld_speedups
+
+            alfworld_speedups.install()
         if self._loaded != game_file:
             self._loaded = None
-            alfworld_engine.guarded(f"loading ALFWorld game {str(game_file)!r} (task "
-                                    f"{task.name})", lambda: self._engine.load(str(game_file)))
+            alfworld_engine.guarded(
+                f"loading ALFWorld game {str(game_file)!r} (task {task.name})",
+                lambda: self._engine.load(str(game_file)),
+            )
             self._loaded = game_file
         if self.expert is not None:
             self._engine.seed = stable_key("alfworld-expert", task.split, task.id) & 0xFFFF_FFFF
@@ -175,11 +212,19 @@ class ALFWorldEnv(Env):
         from agentrl_jax.envs import alfworld_engine
 
         held = alfworld_engine.held_objects(state)
-        inventory = ("You are carrying: " + ", ".join(f"a {h}" for h in held) + "."
-                     if held else "You are not carrying anything.")
+        inventory = (
+            "You are carrying: " + ", ".join(f"a {h}" for h in held) + "."
+            if held
+            else "You are not carrying anything."
+        )
         commands = tuple(state["admissible_commands"]) if self.list_admissible else None
-        return Observation(objective=self._objective, text=text, inventory=inventory,
-                           feedback=feedback, admissible_commands=commands)
+        return Observation(
+            objective=self._objective,
+            text=text,
+            inventory=inventory,
+            feedback=feedback,
+            admissible_commands=commands,
+        )
 
     def _info(self, state: Any, *, invalid: bool, note: str) -> dict[str, Any]:
         from agentrl_jax.envs import alfworld_engine
@@ -189,8 +234,12 @@ class ALFWorldEnv(Env):
         return {
             "won": won,
             "invalid_action": invalid,
-            "state_key": stable_key(ENV_NAME, self._task.split, self._task.id,
-                                    tuple(alfworld_engine.fact_strings(state))),
+            "state_key": stable_key(
+                ENV_NAME,
+                self._task.split,
+                self._task.id,
+                tuple(alfworld_engine.fact_strings(state)),
+            ),
             "expert_action": plan[0] if plan else None,
             "score": 1.0 if won else 0.0,
             "max_score": 1.0,

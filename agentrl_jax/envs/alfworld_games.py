@@ -147,8 +147,15 @@ def _global_random_seeded(seed: int):
 
 def _digest(domain: str, grammar: str, problem: str, traj_data: dict, prob: float) -> str:
     h = hashlib.sha256()
-    parts: list[Any] = [_BUILD_FORMAT, alfworld_version(), domain, grammar, problem,
-                        json.dumps(traj_data, sort_keys=True), repr(float(prob))]
+    parts: list[Any] = [
+        _BUILD_FORMAT,
+        alfworld_version(),
+        domain,
+        grammar,
+        problem,
+        json.dumps(traj_data, sort_keys=True),
+        repr(float(prob)),
+    ]
     for part in parts:
         h.update(str(part).encode("utf-8"))
         h.update(b"\0")

@@ -17,37 +17,46 @@ import pathlib
 
 from agentrl_jax.envs.alfworld_data import JSON_DIR, SPLITS
 
-# receptacle id -> (type, location, openable). Ids follow ALFRED's "Class|x|y|z" mangling.
+
+def _mangle(alfred_id: str) -> str:
+    """ALFRED's "Class|x|y|z" id as PDDL names it (the inverse of alfworld's Demangler)."""
+    for char, word in (("|", "_bar_"), ("-", "_minus_"), ("+", "_plus_"), (".", "_dot_")):
+        alfred_id = alfred_id.replace(char, word)
+    return alfred_id
+
+
+# receptacle id -> (type, location number, openable)
 _RECEPTACLES = {
-    "CounterTop_bar__plus_00_dot_50_bar__plus_00_dot_90_bar__plus_01_dot_00": ("CounterTop", 1, False),
-    "DiningTable_bar__minus_01_dot_00_bar__plus_00_dot_00_bar__plus_02_dot_00": ("DiningTable", 2, False),
-    "Fridge_bar__plus_01_dot_50_bar__plus_00_dot_00_bar__minus_01_dot_00": ("Fridge", 3, True),
-    "Microwave_bar__plus_00_dot_20_bar__plus_01_dot_10_bar__minus_01_dot_20": ("Microwave", 4, True),
-    "Sink_bar__plus_00_dot_90_bar__plus_00_dot_90_bar__minus_01_dot_40_bar_SinkBasin": ("SinkBasin", 5, False),
-    "Cabinet_bar__minus_00_dot_30_bar__plus_00_dot_40_bar__minus_01_dot_30": ("Cabinet", 6, True),
-    "SideTable_bar__minus_02_dot_00_bar__plus_00_dot_00_bar__plus_00_dot_50": ("SideTable", 7, False),
-    "Shelf_bar__minus_02_dot_10_bar__plus_01_dot_20_bar__minus_00_dot_80": ("Shelf", 8, False),
+    _mangle("CounterTop|+00.50|+00.90|+01.00"): ("CounterTop", 1, False),
+    _mangle("DiningTable|-01.00|+00.00|+02.00"): ("DiningTable", 2, False),
+    _mangle("Fridge|+01.50|+00.00|-01.00"): ("Fridge", 3, True),
+    _mangle("Microwave|+00.20|+01.10|-01.20"): ("Microwave", 4, True),
+    _mangle("Sink|+00.90|+00.90|-01.40|SinkBasin"): ("SinkBasin", 5, False),
+    _mangle("Cabinet|-00.30|+00.40|-01.30"): ("Cabinet", 6, True),
+    _mangle("SideTable|-02.00|+00.00|+00.50"): ("SideTable", 7, False),
+    _mangle("Shelf|-02.10|+01.20|-00.80"): ("Shelf", 8, False),
 }
+_IN = {t: r for r, (t, _, _) in _RECEPTACLES.items()}  # type -> receptacle id (one of each)
 # object id -> (type, receptacle id, properties)
 _OBJECTS = {
-    "Apple_bar__plus_00_dot_40_bar__plus_00_dot_95_bar__plus_01_dot_10": (
-        "Apple", "CounterTop_bar__plus_00_dot_50_bar__plus_00_dot_90_bar__plus_01_dot_00",
-        ("pickupable", "heatable", "coolable")),
-    "Apple_bar__minus_01_dot_10_bar__plus_00_dot_80_bar__plus_02_dot_10": (
-        "Apple", "DiningTable_bar__minus_01_dot_00_bar__plus_00_dot_00_bar__plus_02_dot_00",
-        ("pickupable", "heatable", "coolable")),
-    "Mug_bar__minus_00_dot_30_bar__plus_00_dot_45_bar__minus_01_dot_30": (
-        "Mug", "Cabinet_bar__minus_00_dot_30_bar__plus_00_dot_40_bar__minus_01_dot_30",
-        ("pickupable", "isReceptacleObject", "cleanable", "heatable", "coolable")),
-    "AlarmClock_bar__minus_02_dot_00_bar__plus_01_dot_25_bar__minus_00_dot_90": (
-        "AlarmClock", "Shelf_bar__minus_02_dot_10_bar__plus_01_dot_20_bar__minus_00_dot_80",
-        ("pickupable",)),
-    "AlarmClock_bar__minus_02_dot_10_bar__plus_01_dot_25_bar__minus_00_dot_70": (
-        "AlarmClock", "Shelf_bar__minus_02_dot_10_bar__plus_01_dot_20_bar__minus_00_dot_80",
-        ("pickupable",)),
-    "DeskLamp_bar__minus_02_dot_05_bar__plus_00_dot_60_bar__plus_00_dot_60": (
-        "DeskLamp", "SideTable_bar__minus_02_dot_00_bar__plus_00_dot_00_bar__plus_00_dot_50",
-        ("toggleable",)),
+    _mangle("Apple|+00.40|+00.95|+01.10"): (
+        "Apple",
+        _IN["CounterTop"],
+        ("pickupable", "heatable", "coolable"),
+    ),
+    _mangle("Apple|-01.10|+00.80|+02.10"): (
+        "Apple",
+        _IN["DiningTable"],
+        ("pickupable", "heatable", "coolable"),
+    ),
+    _mangle("Mug|-00.30|+00.45|-01.30"): (
+        "Mug",
+        _IN["Cabinet"],
+        ("pickupable", "isReceptacleObject", "cleanable", "heatable", "coolable"),
+    ),
+    _mangle("AlarmClock|-02.00|+01.25|-00.90"): ("AlarmClock", _IN["Shelf"], ("pickupable",)),
+    _mangle("AlarmClock|-02.10|+01.25|-00.70"): ("AlarmClock", _IN["Shelf"], ("pickupable",)),
+    _mangle("DeskLamp|-02.05|+00.60|+00.60"): ("DeskLamp", _IN["SideTable"], ("toggleable",)),
 }
 # receptacle type -> object types it can hold
 _CAN_CONTAIN = {
@@ -82,26 +91,47 @@ _TWO_GOAL = """(exists (?r - receptacle)
 # task type -> (object_target, parent_target, toggle_target, goal formula, human description)
 DEMO_TASKS = {
     "pick_and_place_simple": (
-        "Mug", "CounterTop", "", _PLACE_GOAL.format(extra="", obj="Mug", recep="CounterTop"),
-        "Put the mug from the cabinet on the counter."),
+        "Mug",
+        "CounterTop",
+        "",
+        _PLACE_GOAL.format(extra="", obj="Mug", recep="CounterTop"),
+        "Put the mug from the cabinet on the counter.",
+    ),
     "look_at_obj_in_light": (
-        "AlarmClock", "", "DeskLamp", _LOOK_GOAL.format(toggle="DeskLamp", obj="AlarmClock"),
-        "Look at an alarm clock under the desk lamp."),
+        "AlarmClock",
+        "",
+        "DeskLamp",
+        _LOOK_GOAL.format(toggle="DeskLamp", obj="AlarmClock"),
+        "Look at an alarm clock under the desk lamp.",
+    ),
     "pick_clean_then_place_in_recep": (
-        "Mug", "Shelf", "", _PLACE_GOAL.format(extra="(cleanable ?o) (isClean ?o)", obj="Mug",
-                                              recep="Shelf"),
-        "Rinse the mug and put it on the shelf."),
+        "Mug",
+        "Shelf",
+        "",
+        _PLACE_GOAL.format(extra="(cleanable ?o) (isClean ?o)", obj="Mug", recep="Shelf"),
+        "Rinse the mug and put it on the shelf.",
+    ),
     "pick_heat_then_place_in_recep": (
-        "Apple", "DiningTable", "", _PLACE_GOAL.format(extra="(heatable ?o) (isHot ?o)",
-                                                       obj="Apple", recep="DiningTable"),
-        "Warm an apple in the microwave and put it on the table."),
+        "Apple",
+        "DiningTable",
+        "",
+        _PLACE_GOAL.format(extra="(heatable ?o) (isHot ?o)", obj="Apple", recep="DiningTable"),
+        "Warm an apple in the microwave and put it on the table.",
+    ),
     "pick_cool_then_place_in_recep": (
-        "Apple", "SideTable", "", _PLACE_GOAL.format(extra="(coolable ?o) (isCool ?o)",
-                                                     obj="Apple", recep="SideTable"),
-        "Chill an apple and put it on the side table."),
+        "Apple",
+        "SideTable",
+        "",
+        _PLACE_GOAL.format(extra="(coolable ?o) (isCool ?o)", obj="Apple", recep="SideTable"),
+        "Chill an apple and put it on the side table.",
+    ),
     "pick_two_obj_and_place": (
-        "AlarmClock", "DiningTable", "", _TWO_GOAL.format(obj="AlarmClock", recep="DiningTable"),
-        "Put two alarm clocks on the dining table."),
+        "AlarmClock",
+        "DiningTable",
+        "",
+        _TWO_GOAL.format(obj="AlarmClock", recep="DiningTable"),
+        "Put two alarm clocks on the dining table.",
+    ),
 }
 DEMO_TRIAL = "trial_T00000000_000000_000000"
 
@@ -123,14 +153,19 @@ def demo_problem(task_type: str, name: str = "demo") -> str:
         init += [f"(receptacleType {r} {rtype}Type)", f"(receptacleAtLocation {r} {loc[r]})"]
         init += [f"(openable {r})"] if openable else []
     for o, (otype, recep, props) in _OBJECTS.items():
-        init += [f"(objectType {o} {otype}Type)", f"(inReceptacle {o} {recep})",
-                 f"(objectAtLocation {o} {loc[recep]})"]
+        init += [
+            f"(objectType {o} {otype}Type)",
+            f"(inReceptacle {o} {recep})",
+            f"(objectAtLocation {o} {loc[recep]})",
+        ]
         init += [f"({p} {o})" for p in props]
     init += [f"(canContain {r}Type {o}Type)" for r, os_ in _CAN_CONTAIN.items() for o in os_]
     body = "\n        ".join
-    return (f"(define (problem plan_{name})\n(:domain alfred)\n(:objects\n        "
-            f"{body(objects)}\n)\n(:init\n        {body(init)}\n)\n"
-            f"(:goal\n    (and\n        {goal}\n    )\n)\n)\n")
+    return (
+        f"(define (problem plan_{name})\n(:domain alfred)\n(:objects\n        "
+        f"{body(objects)}\n)\n(:init\n        {body(init)}\n)\n"
+        f"(:goal\n    (and\n        {goal}\n    )\n)\n)\n"
+    )
 
 
 def demo_traj_data(task_type: str) -> dict:
@@ -139,8 +174,13 @@ def demo_traj_data(task_type: str) -> dict:
     return {
         "task_id": DEMO_TRIAL,
         "task_type": task_type,
-        "pddl_params": {"object_target": obj, "parent_target": parent, "toggle_target": toggle,
-                        "mrecep_target": "", "object_sliced": False},
+        "pddl_params": {
+            "object_target": obj,
+            "parent_target": parent,
+            "toggle_target": toggle,
+            "mrecep_target": "",
+            "object_sliced": False,
+        },
         "turk_annotations": {"anns": [{"task_desc": desc}]},
     }
 
@@ -169,7 +209,8 @@ def write_demo_tasks(
         folder = pathlib.Path(root) / JSON_DIR / split / task_id
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "initial_state.pddl").write_text(demo_problem(task_type), encoding="utf-8")
-        (folder / "traj_data.json").write_text(json.dumps(demo_traj_data(task_type)),
-                                               encoding="utf-8")
+        (folder / "traj_data.json").write_text(
+            json.dumps(demo_traj_data(task_type)), encoding="utf-8"
+        )
         ids.append(task_id)
     return sorted(ids)

@@ -78,6 +78,15 @@ class GameSpec:
                 parts.append(f"{key}{value}")
         return "-".join(parts)
 
+    @property
+    def text(self) -> str:
+        """The spec string that parses back to this spec: ``parse_spec(spec.text) == spec``."""
+        if self.kind == "custom":
+            s = dict(self.settings)
+            return f"custom:{s['rooms']},{s['objects']},{s['quest_length']}"
+        args = [k if v is True else f"{k}={v}" for k, v in self.settings if v not in (False, None)]
+        return f"{self.kind}:{','.join(args)}"
+
 
 def parse_spec(spec: str | GameSpec) -> GameSpec:
     """Parses a spec string (see the module docstring); ValueError names what was expected."""
@@ -294,8 +303,9 @@ def make_tasks(
 ) -> list[Task]:
     """Makes the games (see ``make_games``) and returns one TextWorld Task per game.
 
-    The task id is ``<spec name>/<index>``; its params carry the spec, the seed and the game path,
-    so any worker can play it, and re-generate it if the cache was moved.
+    The task id is ``<spec name>/<index>``; its params carry the spec (``spec``: its name,
+    ``spec_text``: its parseable string), the seed and the game path, so any worker can play it,
+    and make the game again where the path does not exist (another host, a moved cache).
     """
     spec = parse_spec(spec)
     paths = make_games(
@@ -306,32 +316,32 @@ def make_tasks(
             env="textworld",
             split=split,
             id=f"{spec.name}/{start + i}",
-            params=(("spec", spec.name), ("seed", seed_for(split, start + i)), ("path", path)),
+            params=(
+                ("spec", spec.name),
+                ("spec_text", spec.text),
+                ("seed", seed_for(split, start + i)),
+                ("path", path),
+            ),
         )
         for i, path in enumerate(paths)
     ]
 
 
 def task_game_path(task: Task) -> str:
-    """The game file of a TextWorld task: its ``path`` param, else a fresh one from spec + seed."""
+    """The game file of a TextWorld task: its ``path`` param if that game exists, else the game
+    re-made (or found) in this machine's cache from the task's ``spec_text`` and ``seed``."""
     path = task.param("path")
-    if path:
+    if path and _complete(path):
         return path
-    spec, seed = task.param("spec"), task.param("seed")
+    spec, seed = task.param("spec_text"), task.param("seed")
     if spec is None or seed is None:
+        if path:
+            return path  # The env reports the missing file, with how to make it.
         raise ValueError(
-            f"task {task.name}: a TextWorld task needs params 'path' or both 'spec' and 'seed' "
-            f"(got {dict(task.params)}); build tasks with agentrl_jax.envs.games.make_tasks"
+            f"task {task.name}: a TextWorld task needs params 'path' or both 'spec_text' and "
+            f"'seed' (got {dict(task.params)}); build tasks with agentrl_jax.envs.games.make_tasks"
         )
-    return make_game(spec_from_name(spec), int(seed), task.split)
-
-
-def spec_from_name(name: str) -> GameSpec:
-    """Inverts ``GameSpec.name`` for custom specs; challenge names parse as their spec string."""
-    if name.startswith("custom-r"):
-        r, o, q = (int(part[1:]) for part in name.split("-")[1:])
-        return _custom(r, o, q)
-    return parse_spec(name)
+    return make_game(parse_spec(spec), int(seed), task.split)
 
 
 def list_specs() -> Sequence[str]:

@@ -109,6 +109,11 @@ class TextWorldEnv(Env):
         self._facts_key = self._compute_facts_key()
         return self._observation()
 
+    def reset_info(self) -> dict[str, Any]:
+        if self._state is None:
+            raise RuntimeError("reset_info() before reset(); call reset(task) first")
+        return self._info(invalid_action=False, truncated=False)
+
     def step(self, action: Any) -> tuple[Observation, float, bool, dict[str, Any]]:
         if self._state is None or self._done:
             raise RuntimeError("step() after the episode ended (or before reset); call reset()")

@@ -26,9 +26,11 @@ from agentrl_jax.kernels.batch import Batch, check_token_array
 from agentrl_jax.kernels.config import AdvantageConfig
 from agentrl_jax.kernels.registry import register_advantage_estimator
 from agentrl_jax.kernels.segments import (
+    chunked_discount,
     group_deviation,
     group_normalize,
     last_token_of_step,
+    masked_suffix_sums,
     reverse_discounted_sum,
     steps_to_tokens,
 )
@@ -86,7 +88,7 @@ def token_rewards(
 def token_gae(
     rewards_bt: jax.Array, values_bt: jax.Array, mask_bt: jax.Array, *, gamma: float, lam: float
 ) -> tuple[jax.Array, jax.Array]:
-    """Token-level GAE over agent tokens only, as a masked reverse ``lax.scan``.
+    """Token-level GAE over agent tokens only (a masked reverse recursion).
 
     For agent tokens t (mask 1), with t' the next agent token of the row (environment and padding
     tokens in between are skipped, not treated as steps) and V(h_{t'}) = 0 past the last one::
@@ -94,6 +96,9 @@ def token_gae(
         delta_t = r_t + gamma * V(h_{t'}) - V(h_t)
         A_t     = delta_t + gamma * lam * A_{t'}   ( = sum_l (gamma lam)^l delta_{t+l} )
         R_t     = A_t + V(h_t)
+
+    Computed in closed form as one masked discounted suffix sum (see the comment in the body);
+    discounts gamma * lam below ~0.6 run the recursion above as a sequential ``lax.scan``.
 
     Args:
       rewards_bt: [B, T] token rewards (see :func:`token_rewards`).
@@ -105,21 +110,34 @@ def token_gae(
       (advantages [B, T], returns [B, T]), 0 off agent tokens.
     """
     valid = mask_bt > 0
+    c = gamma * lam
+    if not chunked_discount(c):
+        adv = _sequential_gae(rewards_bt, values_bt, valid, gamma, lam)
+    else:
+        # Unrolling the recursion over agent tokens t = t_0 < t_1 < ... and telescoping V:
+        #   A_t = sum_j c^j r_{t_j} - V_t + gamma (1 - lam) sum_{j>=1} c^(j-1) V_{t_j}
+        #       = Y_t - (1 + beta) V_t,  Y_t = sum_j c^j (r + beta V)_{t_j},
+        # with beta = gamma (1 - lam) / c: one masked discounted suffix sum, which runs as
+        # chunked matmuls (see segments.masked_suffix_sums), not a 4096-step scan.
+        beta = gamma * (1.0 - lam) / c
+        y = masked_suffix_sums(rewards_bt + beta * values_bt, mask_bt, c)
+        adv = y - (1.0 + beta) * values_bt
+    adv = jnp.where(valid, adv, 0.0)
+    return adv, jnp.where(valid, adv + values_bt, 0.0)
+
+
+def _sequential_gae(rewards_bt, values_bt, valid, gamma, lam):
+    """The recursion of :func:`token_gae` as a masked reverse ``lax.scan`` over T."""
 
     def step(carry, inputs):  # carry: (V, A) at the next agent token, each [B].
         next_v, next_a = carry
         r_t, v_t, m_t = inputs
-        delta = r_t + gamma * next_v - v_t
-        a_t = delta + gamma * lam * next_a
-        carry = (jnp.where(m_t, v_t, next_v), jnp.where(m_t, a_t, next_a))
-        return carry, jnp.where(m_t, a_t, 0.0)
+        a_t = r_t + gamma * next_v - v_t + gamma * lam * next_a
+        return (jnp.where(m_t, v_t, next_v), jnp.where(m_t, a_t, next_a)), a_t
 
     zeros = jnp.zeros(rewards_bt.shape[:1], rewards_bt.dtype)
-    _, adv_tb = jax.lax.scan(
-        step, (zeros, zeros), (rewards_bt.T, values_bt.T, valid.T), reverse=True, unroll=1
-    )
-    adv = adv_tb.T
-    return adv, jnp.where(valid, adv + values_bt, 0.0)
+    _, adv = jax.lax.scan(step, (zeros, zeros), (rewards_bt.T, values_bt.T, valid.T), reverse=True)
+    return adv.T
 
 
 def episode_returns(rewards: jax.Array, step_mask: jax.Array) -> jax.Array:
@@ -207,10 +225,9 @@ def gigpo_step_advantages(
     """
     b, s = rewards.shape
     episode = grpo_advantages(rewards, step_mask, group_ids, norm_by_std=norm_by_std, eps=eps)
-    returns = reverse_discounted_sum(rewards, step_mask, gamma)
-    step = group_normalize(
-        returns, state_ids, step_mask, b * s, norm_by_std=norm_by_std, eps=eps
-    )
+    # Sequential: equal reward suffixes give bitwise-equal returns, so tied anchors stay tied.
+    returns = reverse_discounted_sum(rewards, step_mask, gamma, sequential=True)
+    step = group_normalize(returns, state_ids, step_mask, b * s, norm_by_std=norm_by_std, eps=eps)
     return jnp.where(step_mask > 0, episode[:, None] + step_weight * step, 0.0)
 
 
@@ -250,11 +267,12 @@ def gagpo_step_advantages(
       [B, S] step advantages (0 on padded steps).
     """
     b, s = rewards.shape
-    returns = reverse_discounted_sum(rewards, step_mask, gamma)
+    # Sequential: equal reward suffixes give bitwise-equal returns (exact ties, exact zeros).
+    returns = reverse_discounted_sum(rewards, step_mask, gamma, sequential=True)
     dev, _, _ = group_deviation(returns, state_ids, step_mask, b * s)  # D_t, 0 on padding.
     next_dev = jnp.concatenate([dev[:, 1:], jnp.zeros_like(dev[:, :1])], axis=1)
     delta = dev - gamma * next_dev
-    adv = reverse_discounted_sum(delta, step_mask, gamma * lam)
+    adv = reverse_discounted_sum(delta, step_mask, gamma * lam, sequential=True)
     if normalize:
         rows = jnp.broadcast_to(group_ids[:, None], (b, s))
         adv = group_normalize(adv, rows, step_mask, b, norm_by_std=norm_by_std, eps=eps)
@@ -334,9 +352,9 @@ _reinforce_pp_jit = _counted_jit("reinforce_pp", _reinforce_pp_impl)
 def reinforce_pp(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """REINFORCE++: token returns (with an optional KL reward penalty) whitened over the batch.
 
-        r_t = reward of the step on its action's last token - kl_coef * kl_t
-        G_t = r_t + gamma * G_{t'}            (t' the next agent token; env tokens skipped)
-        A_t = (G_t - mean G) / (std G + eps)  (over every agent token of the batch)
+    r_t = reward of the step on its action's last token - kl_coef * kl_t
+    G_t = r_t + gamma * G_{t'}            (t' the next agent token; env tokens skipped)
+    A_t = (G_t - mean G) / (std G + eps)  (over every agent token of the batch)
     """
     _check_inputs("reinforce_pp", batch, config, values, kl)
     return _reinforce_pp_jit(batch, kl, config=config)

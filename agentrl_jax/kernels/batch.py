@@ -74,7 +74,7 @@ def _check_01(name: str, arr: np.ndarray) -> None:
     bad = ~np.isin(arr, (0, 1))
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
-        _fail(name, f"{arr[idx]!r} at index {idx}", "only 0 and 1")
+        _fail(name, f"{arr[idx].item()!r} at index {idx}", "only 0 and 1")
 
 
 def _check_integer(name: str, arr: np.ndarray) -> None:

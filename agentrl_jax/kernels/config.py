@@ -83,3 +83,6 @@ class LossConfig:
             raise ValueError(
                 f"LossConfig.kl_estimator is {self.kl_estimator!r}; expected 'k1', 'k2' or 'k3'"
             )
+
+
+DEFAULT_LOSS_CONFIG = LossConfig()  # Immutable: safe as a shared default argument.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agentrl_jax.kernels.config import LossConfig
+from agentrl_jax.kernels.config import DEFAULT_LOSS_CONFIG, LossConfig
 from agentrl_jax.kernels.weighted import Weighted, aggregate
 
 
@@ -48,7 +48,7 @@ def kl_loss(
     ref_logprobs: jax.Array,
     loss_mask: jax.Array,
     *,
-    config: LossConfig = LossConfig(),
+    config: LossConfig = DEFAULT_LOSS_CONFIG,
 ) -> Weighted:
     """KL as a loss term (GRPO style): aggregate of ``kl_estimate`` over agent tokens.
 

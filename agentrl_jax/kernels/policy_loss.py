@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agentrl_jax.kernels.config import LossConfig
+from agentrl_jax.kernels.config import DEFAULT_LOSS_CONFIG, LossConfig
 from agentrl_jax.kernels.registry import register_policy_loss
 from agentrl_jax.kernels.weighted import Weighted, aggregate
 
@@ -40,7 +40,7 @@ def ppo_loss(
     loss_mask: jax.Array,
     *,
     step_ids: jax.Array | None = None,
-    config: LossConfig = LossConfig(),
+    config: LossConfig = DEFAULT_LOSS_CONFIG,
 ) -> tuple[Weighted, dict[str, Weighted]]:
     """PPO clipped surrogate, to minimise.
 
@@ -84,7 +84,9 @@ def ppo_loss(
         loss = jnp.where(dual, bound, loss)
     stats = jax.lax.stop_gradient
     metrics = {
-        "losses/clipfrac": aggregate(stats(clipped > unclipped).astype(loss.dtype), valid, "token_mean"),
+        "losses/clipfrac": aggregate(
+            stats(clipped > unclipped).astype(loss.dtype), valid, "token_mean"
+        ),
         "losses/approx_kl": aggregate(stats(ratio - 1.0 - log_ratio), valid, "token_mean"),
         "losses/dual_clipfrac": aggregate(dual.astype(loss.dtype), valid, "token_mean"),
     }
@@ -99,7 +101,7 @@ def pg_loss(
     loss_mask: jax.Array,
     *,
     step_ids: jax.Array | None = None,
-    config: LossConfig = LossConfig(),
+    config: LossConfig = DEFAULT_LOSS_CONFIG,
 ) -> tuple[Weighted, dict[str, Weighted]]:
     """Vanilla policy gradient -A_t log pi(a_t) (no ratio, no clip); same signature as PPO."""
     del old_logprobs, step_ids  # Unused: kept for the uniform signature.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from agentrl_jax.kernels.config import LossConfig
+from agentrl_jax.kernels.config import DEFAULT_LOSS_CONFIG, LossConfig
 from agentrl_jax.kernels.weighted import Weighted, aggregate
 
 
@@ -15,7 +15,7 @@ def value_loss(
     returns: jax.Array,
     loss_mask: jax.Array,
     *,
-    config: LossConfig = LossConfig(),
+    config: LossConfig = DEFAULT_LOSS_CONFIG,
 ) -> tuple[Weighted, dict[str, Weighted]]:
     """PPO's clipped value loss, to minimise.
 

@@ -1,6 +1,11 @@
-"""Qwen2-family models: configuration, the nnx modules and the KV cache."""
+"""Qwen2-family models: configuration, the nnx modules and the KV cache.
 
-from agentrl_jax.models.config import PRESETS, ModelConfig, preset
+Checkpoints (``agentrl_jax.models.hf_checkpoint``) and tokenizers
+(``agentrl_jax.models.tokenizer``) are imported from their modules, so that importing the model
+does not pull in safetensors or transformers.
+"""
+
+from agentrl_jax.models.config import PRESETS, ModelConfig, backend_dtypes, preset
 from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2Trunk, Qwen2ValueModel
 
@@ -11,5 +16,6 @@ __all__ = [
     "Qwen2ForCausalLM",
     "Qwen2Trunk",
     "Qwen2ValueModel",
+    "backend_dtypes",
     "preset",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 
@@ -12,9 +13,10 @@ import jax.numpy as jnp
 class ModelConfig:
     """Shape and numerics of a Qwen2-family decoder.
 
-    Attributes mirror Hugging Face's ``Qwen2Config`` (see ``from_hf_dict``); ``dtype`` is the
-    compute dtype (bf16 on accelerators, f32 on CPU), ``param_dtype`` the storage dtype, and
-    ``remat`` rematerialises each decoder layer in the backward pass to save activation memory.
+    Attributes mirror Hugging Face's ``Qwen2Config`` (see ``hf_checkpoint.config_from_hf``);
+    ``dtype`` is the compute dtype (bf16 on accelerators, f32 on CPU; see ``backend_dtypes``),
+    ``param_dtype`` the storage dtype, and ``remat`` rematerialises each decoder layer in the
+    backward pass to save activation memory.
     """
 
     vocab_size: int
@@ -33,6 +35,20 @@ class ModelConfig:
     remat: bool = False
 
     def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelConfig.{name} must be a positive int, got {value!r}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim={self.head_dim} must be even (rotary embeddings)")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
@@ -101,6 +117,18 @@ PRESETS: dict[str, ModelConfig] = {
         tie_word_embeddings=False,
     ),
 }
+
+
+def backend_dtypes(backend: str | None = None) -> dict[str, Any]:
+    """Default ``dtype`` / ``param_dtype`` overrides for a JAX backend (default: the current one).
+
+    bf16 compute with f32 parameters on accelerators (GPU, TPU); f32 throughout on CPU, where
+    bf16 matmuls are slow and parity tests need f32. Use as ``preset(name, **backend_dtypes())``.
+    """
+    backend = backend or jax.default_backend()
+    if backend == "cpu":
+        return {"dtype": jnp.float32, "param_dtype": jnp.float32}
+    return {"dtype": jnp.bfloat16, "param_dtype": jnp.float32}
 
 
 def preset(name: str, **overrides) -> ModelConfig:

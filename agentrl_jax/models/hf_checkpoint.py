@@ -119,7 +119,7 @@ def config_from_hf(
         )
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(
-            f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' is supported"
+            f"{source}: hidden_act={hf['hidden_act']!r} is not supported; expected 'silu'"
         )
     if hf.get("use_sliding_window", False):
         raise CheckpointError(

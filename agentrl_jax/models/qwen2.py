@@ -5,7 +5,8 @@ checkpoint's theta), RMSNorm, SwiGLU MLP, tied or untied embeddings. Names use s
 B batch, T new tokens, S key slots, D model width, N query heads, K kv heads, G = N // K, H head
 dim, F MLP width, V vocabulary.
 
-Two ways to call the trunk, both pure and usable inside jit (via ``nnx.split`` / ``nnx.merge``):
+Two ways to call the trunk, both pure and usable inside jit (flax 0.12 modules are pytrees, so a
+module can be an argument of a jitted function; ``nnx.split`` / ``nnx.merge`` work too):
 
 - Teacher forcing: ``model(tokens_bt, mask_bt=...)`` attends within the chunk; positions follow the
   mask (left or right padding both work).
@@ -18,11 +19,17 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import NamedSharding
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.sharding import constrain, shard_model
 
 _NEG_INF = -1e30
+# Logical axes of activations (see agentrl_jax.sharding.LOGICAL_AXIS_RULES).
+_RESIDUAL_AXES = ("batch", "seq", "act_embed")
+_Q_AXES = ("batch", "seq", "act_heads", "head_dim")
+_KV_AXES = ("batch", "seq", "act_kv_heads", "head_dim")
 
 
 def _param(rngs: nnx.Rngs, init, shape, axes, dtype) -> nnx.Param:
@@ -59,6 +66,7 @@ def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float):
 
 
 def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
+    """Rotates queries or keys [B, T, N, H] by their positions' angles (computed in f32)."""
     dtype = x_btnh.dtype
     x = x_btnh.astype(jnp.float32)
     half = x.shape[-1] // 2
@@ -112,8 +120,9 @@ class Attention(nnx.Module):
         k = k + self.k_bias_kh[...].astype(dt)
         v = jnp.einsum("btd,dkh->btkh", x_btd, self.v_weight_dkh[...].astype(dt))
         v = v + self.v_bias_kh[...].astype(dt)
-        q = apply_rope(q, cos_bth, sin_bth)
-        k = apply_rope(k, cos_bth, sin_bth)
+        q = constrain(apply_rope(q, cos_bth, sin_bth), _Q_AXES)
+        k = constrain(apply_rope(k, cos_bth, sin_bth), _KV_AXES)
+        v = constrain(v, _KV_AXES)
         if cache_kv is None:
             k_bskh, v_bskh, extra = k, v, None
         else:
@@ -167,7 +176,7 @@ class DecoderLayer(nnx.Module):
     def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None):
         attn_out, extra = self.attn(self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv)
         x_btd = x_btd + attn_out
-        x_btd = x_btd + self.mlp(self.post_attn_norm(x_btd))
+        x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd)), _RESIDUAL_AXES)
         return x_btd, extra
 
 
@@ -203,12 +212,18 @@ class Qwen2Trunk(nnx.Module):
         Args:
           tokens_bt: [B, T] int token ids.
           mask_bt: [B, T] 1 on real tokens, 0 on padding (teacher forcing only; default all 1).
-          cache: a KVCache to append to; the chunk is right-padded with ``num_new_b`` valid tokens.
+          cache: a KVCache to append to; the chunk is right-padded with ``num_new_b`` valid tokens
+            (``mask_bt`` is then ignored). Tokens that would land at slot >= S are dropped, as
+            nothing can raise inside jit: callers check ``lengths + num_new_b <= S`` first.
           num_new_b: [B] int valid new tokens per row when a cache is given (default T).
         """
         cfg = self.cfg
         b, t = tokens_bt.shape
-        x_btd = jnp.take(self.embed_vd[...], tokens_bt, axis=0).astype(cfg.dtype)
+        # FSDP: gather the table's embed axis before the lookup (as for any weight about to be
+        # used), so the gathered rows come out batch-sharded rather than width-sharded.
+        embed_vd = constrain(self.embed_vd[...], ("vocab", None))
+        x_btd = jnp.take(embed_vd, tokens_bt, axis=0).astype(cfg.dtype)
+        x_btd = constrain(x_btd, _RESIDUAL_AXES)
 
         if cache is None:
             mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)
@@ -269,7 +284,7 @@ class Qwen2ForCausalLM(nnx.Module):
             out = jnp.einsum("btd,vd->btv", hidden_btd, self.trunk.embed_vd[...].astype(dt))
         else:
             out = jnp.einsum("btd,dv->btv", hidden_btd, self.lm_head_dv[...].astype(dt))
-        return out.astype(jnp.float32)
+        return constrain(out.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
     def __call__(self, tokens_bt, *, mask_bt=None, cache=None, num_new_b=None):
         """Returns (logits [B, T, V] float32, updated cache or None). See ``Qwen2Trunk``."""
@@ -295,11 +310,17 @@ class Qwen2ValueModel(nnx.Module):
         """A value model whose trunk starts as a copy of the policy's trunk.
 
         The trunk's arrays are copied (keeping their shardings), never shared: the policy and the
-        critic are trained apart, and a train step that donates one must not free the other.
+        critic are trained apart, and a train step that donates one must not free the other. A
+        policy on a mesh gives a value model on the same mesh, head included.
         """
         graphdef, state = nnx.split(policy.trunk)
         trunk = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
-        return cls(policy.cfg, rngs=nnx.Rngs(0) if rngs is None else rngs, trunk=trunk)
+        model = cls(policy.cfg, rngs=nnx.Rngs(0) if rngs is None else rngs, trunk=trunk)
+        placement = policy.trunk.embed_vd[...].sharding
+        if isinstance(placement, NamedSharding):
+            # A policy on a mesh: lay the new head out by the same rules as the trunk.
+            shard_model(model, placement.mesh)
+        return model
 
     def __call__(self, tokens_bt, *, mask_bt=None):
         """[B, T] float32 values for each token's prefix (teacher forcing)."""

@@ -86,3 +86,31 @@ def hf_logits(ckpt_dir: str | pathlib.Path, tokens_bt: np.ndarray, mask_bt: np.n
             position_ids=torch.as_tensor(positions_from_mask(np.asarray(mask_bt))),
         )
     return out.logits.float().numpy()
+
+
+def random_model(
+    cls, cfg: ModelConfig = TEST_CONFIG, *, seed: int = 0, std: float = 0.08, mesh=None
+):
+    """``cls(cfg)`` (policy or value model) with N(0, std) weights and N(1, std) norm scales.
+
+    Weights are drawn on the host with numpy into an abstractly traced model, so building a test
+    model costs no XLA compilation (threefry initialisers take seconds to compile on CPU); with
+    ``mesh``, each parameter is placed as ``agentrl_jax.sharding`` says.
+    """
+    import jax  # noqa: PLC0415
+    from flax import nnx  # noqa: PLC0415
+
+    from agentrl_jax import sharding  # noqa: PLC0415
+
+    abstract = nnx.eval_shape(lambda: cls(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    rng = np.random.RandomState(seed)
+    for path, var in nnx.to_flat_state(state):
+        spec = var.get_value()
+        value = rng.normal(0.0, std, spec.shape) + (1.0 if path[-1] == "weight" else 0.0)
+        var.set_value(np.asarray(value, np.float32).astype(spec.dtype))
+    if mesh is not None:
+        state = jax.device_put(state, sharding.state_shardings(state, mesh))
+    else:
+        state = jax.device_put(state)
+    return nnx.merge(graphdef, state)

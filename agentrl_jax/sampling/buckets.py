@@ -46,5 +46,7 @@ def check_buckets(buckets: Sequence[int], *, what: str) -> tuple[int, ...]:
     """Validates a configured bucket list (positive, strictly ascending) and returns it."""
     buckets = tuple(int(b) for b in buckets)
     if not buckets or buckets[0] < 1 or any(a >= b for a, b in zip(buckets, buckets[1:])):
-        raise ValueError(f"{what}={list(buckets)}: expected a non-empty ascending list of sizes >= 1")
+        raise ValueError(
+            f"{what}={list(buckets)}: expected a non-empty ascending list of sizes >= 1"
+        )
     return buckets

@@ -28,7 +28,9 @@ def processed_logprobs(logits_bv: jax.Array, params: SamplingParams) -> jax.Arra
         raise ValueError("greedy sampling has no processed distribution; use argmax")
     scaled_bv = logits_bv.astype(jnp.float32) / jnp.float32(params.temperature)
     if params.filters:
-        scaled_bv = jnp.where(scaled_bv >= _threshold_b(scaled_bv, params)[:, None], scaled_bv, -jnp.inf)
+        scaled_bv = jnp.where(
+            scaled_bv >= _threshold_b(scaled_bv, params)[:, None], scaled_bv, -jnp.inf
+        )
     return jax.nn.log_softmax(scaled_bv, axis=-1)
 
 

@@ -4,13 +4,16 @@
 ``Sampler`` jits (once per shape bucket and sampling setting). Per row b:
 
 1. Prefill: the right-padded chunk's ``num_new_b[b]`` tokens are appended after the row's cached
-   history in one forward pass; the first action token is drawn from the last one's logits.
-2. Decode: each iteration feeds every row's last drawn token that is not yet in the cache
-   ("unfed") and draws the next token for the rows still generating. A row stops on EOS, on a
-   stop sequence or at ``max_new_b[b]`` tokens; the loop ends when no row has an unfed token.
-   So a row's final token is fed in the next iteration (for free, while other rows still run)
-   or in one last flush iteration: after the turn the cache holds the whole conversation,
-   ``cache.lengths`` is its length, and the next turn prefills only the environment's reply.
+   history in one forward pass; its last valid position gives the next-token logits.
+2. Decode (``lax.while_loop``): each iteration draws a token for every row still generating
+   and feeds it straight back through the model (one token per row; finished rows feed
+   nothing), which writes its keys/values and gives the next logits. A row stops on EOS, on a
+   stop sequence or at ``max_new_b[b]`` tokens; the loop ends when every row has stopped.
+   Because a drawn token is fed in the same iteration, the final token is in the cache too:
+   after the turn the cache holds the whole conversation, ``cache.lengths`` is its length, and
+   the next turn prefills only the environment's reply. (The logits of the very last feed are
+   unused; that one extra single-token step buys a next turn with no pending-token bookkeeping
+   and no chunk padded one past its bucket.)
 3. Rows with ``num_new_b[b] == 0`` are inactive: nothing is written to their cache slots and
    their length does not move (the model drops writes of padding positions).
 """
@@ -50,8 +53,9 @@ class TurnArrays:
 class _Carry:
     step: jax.Array  # [] int32 decode iterations done
     cache: KVCache
+    logits_bv: jax.Array  # [B, V] float32 next-token logits after the row's last fed token
     last_b: jax.Array  # [B] int32 the row's last drawn token
-    unfed_b: jax.Array  # [B] bool last_b is not yet in the cache
+    unfed_b: jax.Array  # [B] bool the row drew last_b this iteration: feed it to the model
     done_b: jax.Array  # [B] bool the row draws no more tokens this turn
     out: TurnArrays
 
@@ -117,9 +121,7 @@ def run_turn(
             lengths=lengths,
             done_reason=reason_b,
         )
-        return _Carry(
-            step=carry.step,
-            cache=carry.cache,
+        return carry.replace(
             last_b=jnp.where(drawing_b, tok_b, carry.last_b),
             unfed_b=drawing_b,
             done_b=carry.done_b | eos_b | stop_b | full_b,
@@ -135,6 +137,7 @@ def run_turn(
     carry = _Carry(
         step=jnp.zeros((), jnp.int32),
         cache=cache,
+        logits_bv=logits_bv,
         last_b=jnp.zeros((b,), jnp.int32),
         unfed_b=jnp.zeros((b,), jnp.bool_),
         done_b=max_new_b <= 0,
@@ -146,21 +149,21 @@ def run_turn(
             done_reason=reason_b.astype(jnp.int32),
         ),
     )
-    carry = record(carry, logits_bv, jax.random.fold_in(rng, 0))
 
     def cond(carry: _Carry) -> jax.Array:
-        # Each iteration feeds one token per unfed row, and a row draws at most width tokens,
-        # so the bound on step is a guard, never reached.
-        return jnp.any(carry.unfed_b) & (carry.step <= width)
+        # A row draws at most max_new_b <= width tokens, one per iteration, so the bound on
+        # step is a guard that is never reached.
+        return jnp.any(~carry.done_b) & (carry.step < width)
 
     def body(carry: _Carry) -> _Carry:
+        # Draw for the rows still generating, then feed the drawn tokens right away: a row
+        # that just finished has its last token written to the cache in this same step.
+        carry = record(carry, carry.logits_bv, jax.random.fold_in(rng, carry.step))
         model = nnx.merge(graphdef, state)
         logits_b1v, cache = model(
             carry.last_b[:, None], cache=carry.cache, num_new_b=carry.unfed_b.astype(jnp.int32)
         )
-        step = carry.step + 1
-        carry = carry.replace(step=step, cache=cache)
-        return record(carry, logits_b1v[:, 0], jax.random.fold_in(rng, step))
+        return carry.replace(step=carry.step + 1, cache=cache, logits_bv=logits_b1v[:, 0])
 
     carry = jax.lax.while_loop(cond, body, carry)
     return carry.out, carry.cache

@@ -18,6 +18,9 @@ from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.sampling.loop import TurnArrays, run_turn
 from agentrl_jax.sampling.params import SamplingParams, StopConfig
 
+_DEFAULT_SAMPLING = SamplingParams()
+_NO_STOP = StopConfig()
+
 
 @flax.struct.dataclass
 class TurnOutput:
@@ -68,8 +71,8 @@ class Sampler:
         self,
         model: nnx.Module | tuple[nnx.GraphDef, nnx.State],
         *,
-        sampling: SamplingParams = SamplingParams(),
-        stop: StopConfig = StopConfig(),
+        sampling: SamplingParams = _DEFAULT_SAMPLING,
+        stop: StopConfig = _NO_STOP,
         pad_id: int = 0,
         chunk_buckets: Sequence[int] | None = None,
         cache_buckets: Sequence[int] | None = None,
@@ -117,7 +120,9 @@ class Sampler:
         """A copy of ``cache`` with room for ``cache_size`` tokens per row (rounded to a bucket)."""
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
         if size < cache.size:
-            raise ValueError(f"grow: cache_size={cache_size} is smaller than the cache ({cache.size})")
+            raise ValueError(
+                f"grow: cache_size={cache_size} is smaller than the cache ({cache.size})"
+            )
         pad = ((0, 0), (0, 0), (0, size - cache.size), (0, 0), (0, 0))
         return KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad), lengths=cache.lengths)
 
@@ -229,8 +234,11 @@ class Sampler:
         for i, r in enumerate(rows):
             if r.size and (r.min() < 0 or r.max() >= vocab):
                 bad = int(r[(r < 0) | (r >= vocab)][0])
-                raise ValueError(f"new_tokens[{i}] holds id {bad}, outside the vocabulary [0, {vocab})")
-        lengths_b = np.asarray(cache.lengths)  # waits for the previous turn; its ids are read anyway
+                raise ValueError(
+                    f"new_tokens[{i}] holds id {bad}, outside the vocabulary [0, {vocab})"
+                )
+        # Waits for the previous turn, whose ids the caller has read anyway.
+        lengths_b = np.asarray(cache.lengths)
         need_b = lengths_b + num_new_b + max_new_b
         if (need_b > cache.size).any():
             i = int(np.argmax(need_b - cache.size))
@@ -241,7 +249,9 @@ class Sampler:
                 f"episode with a larger cache_size (Sampler.start(batch, cache_size>="
                 f"{int(need_b.max())})) or Sampler.grow the cache"
             )
-        t = bk.round_up(max(int(num_new_b.max()), 1), self.chunk_buckets, what="prompt chunk length")
+        t = bk.round_up(
+            max(int(num_new_b.max()), 1), self.chunk_buckets, what="prompt chunk length"
+        )
         chunk_bt = np.full((b, t), self.pad_id, np.int32)
         for i, r in enumerate(rows):
             chunk_bt[i, : r.size] = r

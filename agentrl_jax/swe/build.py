@@ -35,7 +35,7 @@ from collections.abc import Callable
 
 from agentrl_jax.swe import grading, mutations
 from agentrl_jax.swe.runtime import _GIT, LocalRuntime, is_protected
-from agentrl_jax.swe.sandbox import Limits, Sandbox
+from agentrl_jax.swe.sandbox import DEFAULT_HIDDEN, Limits, Sandbox
 from agentrl_jax.swe.tasks import SweTask, write_jsonl
 
 BUILDER_VERSION = 1
@@ -202,8 +202,8 @@ def build_tasks(
         os.chmod(work, 0o755)
         ws = os.path.join(work, "ws")
         shutil.copytree(package_dir, ws, symlinks=True, ignore=shutil.ignore_patterns(".git"))
-        limits = Limits(timeout_s=config.max_suite_s, cpu_s=int(config.max_suite_s) * 2)
-        with Sandbox(ws, limits, config.backend, hidden=("/root", out_dir)) as box:
+        limits = Limits(timeout_s=config.max_suite_s, cpu_s=int(config.max_suite_s * 2) + 5)
+        with Sandbox(ws, limits, config.backend, hidden=(*DEFAULT_HIDDEN, out_dir)) as box:
             tasks = _build_in(
                 box, ws, name, repo, clean, test_cmd, config, cache, cache_path, progress
             )
@@ -332,7 +332,7 @@ def _make_task(name, repo, clean, rel, mutated, m, res, stable, test_cmd) -> Swe
 def _validate(tasks, config, progress) -> list[SweTask]:
     """Keeps the tasks whose gold patch resolves them and whose empty patch does not."""
     kept = []
-    limits = Limits(timeout_s=config.max_suite_s, cpu_s=int(config.max_suite_s) * 2)
+    limits = Limits(timeout_s=config.max_suite_s, cpu_s=int(config.max_suite_s * 2) + 5)
     rt = LocalRuntime(eval_limits=limits, backend=config.backend)
     try:
         for t in tasks:

@@ -26,7 +26,7 @@ import tempfile
 import time
 
 from agentrl_jax.swe import grading
-from agentrl_jax.swe.sandbox import ExecResult, Limits, Sandbox
+from agentrl_jax.swe.sandbox import DEFAULT_HIDDEN, ExecResult, Limits, Sandbox
 from agentrl_jax.swe.tasks import SweTask
 
 _CONFIG_FILES = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"}
@@ -231,7 +231,7 @@ class LocalRuntime(Runtime):
         _git(["init", "-q"], **env)
         _git(["add", "-A"], **env)
         _git(["commit", "-q", "--allow-empty", "-m", "base"], **env)
-        hidden = ("/root", task.repo_path, self.root, *self.hidden)
+        hidden = (*DEFAULT_HIDDEN, task.repo_path, self.root, *self.hidden)
         self.sandbox = Sandbox(
             self.ws, self.limits, self.backend, hidden=[h for h in hidden if os.path.exists(h)]
         )
@@ -330,7 +330,7 @@ class LocalRuntime(Runtime):
         if err:
             g = grading.failed_grade(f"test_patch does not apply (broken task): {err[:500]}", True)
             return EvalResult(g, err, dropped, time.monotonic() - t0)
-        hidden = ("/root", task.repo_path, self.ws, self.pristine, *self.hidden)
+        hidden = (*DEFAULT_HIDDEN, task.repo_path, self.ws, self.pristine, *self.hidden)
         with Sandbox(
             work, self.eval_limits, self.backend, hidden=[h for h in hidden if os.path.exists(h)]
         ) as box:

@@ -47,6 +47,10 @@ _UID_SLOTS = 1000
 _UID_LOCK_DIR = "/tmp/agentrl_swe_uids"
 
 
+# Masked by empty tmpfs: other users' files and live sockets (/run) are none of the jail's business.
+DEFAULT_HIDDEN = ("/root", "/home", "/run", "/var/tmp")
+
+
 class SandboxError(RuntimeError):
     """The sandbox itself could not be set up (not a failure of the sandboxed command)."""
 
@@ -74,6 +78,14 @@ class Limits:
     tmp_bytes: int = 256 << 20
     keep_output_bytes: int = 256 << 10
     kill_output_bytes: int = 64 << 20
+
+    def __post_init__(self):
+        minimum = {"timeout_s": 0.01, "cpu_s": 1, "memory_bytes": 64 << 20, "file_bytes": 1,
+                   "nproc": 8, "tmp_bytes": 1 << 20, "keep_output_bytes": 2,
+                   "kill_output_bytes": self.keep_output_bytes}  # fmt: skip
+        for name, low in minimum.items():
+            if getattr(self, name) < low:
+                raise ValueError(f"Limits.{name}={getattr(self, name)}: expected >= {low}")
 
 
 @dataclasses.dataclass
@@ -107,36 +119,50 @@ def detect_backend() -> str:
     """The backend to use: ``$AGENTRL_SANDBOX`` if set, else bwrap if it works, else unshare.
 
     Raises:
-      SandboxError: the forced backend is unknown, or neither tool is installed.
+      SandboxError: the forced backend is unknown, or no backend works here (with each one's
+        complaint: a container may lack the rights to make namespaces).
     """
     forced = os.environ.get("AGENTRL_SANDBOX", "").strip()
     if forced:
         if forced not in BACKENDS:
             raise SandboxError(f"AGENTRL_SANDBOX={forced!r}: expected one of {BACKENDS}")
         return forced
-    if shutil.which("bwrap") and _bwrap_works():
-        return "bwrap"
-    if shutil.which("unshare") and shutil.which("setpriv") and shutil.which("prlimit"):
-        return "unshare"
+    problems = []
+    for backend in BACKENDS:
+        problem = _probe(backend)
+        if problem is None:
+            return backend
+        problems.append(f"{backend}: {problem}")
     raise SandboxError(
-        "no sandbox available: install bubblewrap (apt-get install bubblewrap; scripts/setup.sh "
-        "does this when run as root) or util-linux (unshare, setpriv, prlimit)"
+        "no sandbox works here (" + "; ".join(problems) + "). Install bubblewrap (scripts/setup.sh "
+        "does, as root) or util-linux, and allow namespaces (e.g. docker run --privileged or "
+        "--security-opt seccomp=unconfined)"
     )
 
 
-_BWRAP_OK: bool | None = None
+_PROBED: dict[str, str | None] = {}
 
 
-def _bwrap_works() -> bool:
-    """bwrap is installed but may lack namespace rights (e.g. nested containers): try it once."""
-    global _BWRAP_OK
-    if _BWRAP_OK is None:
-        argv = ["bwrap", "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"]
-        try:
-            _BWRAP_OK = subprocess.run(argv, capture_output=True, timeout=10).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            _BWRAP_OK = False
-    return _BWRAP_OK
+def _probe(backend: str) -> str | None:
+    """None when ``backend`` can make its namespaces here, else why not (tried once)."""
+    if backend not in _PROBED:
+        user = [] if os.geteuid() == 0 else ["--unshare-user"]
+        if backend == "bwrap":
+            argv = ["bwrap", *user, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "true"]
+        else:
+            user = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+            argv = ["unshare", *user, "--mount", "--pid", "--fork", "--net", "true"]
+        needed = [argv[0], "prlimit"] + (["setpriv"] if os.geteuid() == 0 else [])
+        missing = [t for t in needed if not shutil.which(t)]
+        if missing:
+            _PROBED[backend] = f"{missing} not installed"
+        else:
+            try:
+                r = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+                _PROBED[backend] = None if r.returncode == 0 else r.stderr.strip()[-200:]
+            except (OSError, subprocess.TimeoutExpired) as e:
+                _PROBED[backend] = str(e)
+    return _PROBED[backend]
 
 
 def default_exposed() -> tuple[str, ...]:
@@ -176,9 +202,9 @@ class Sandbox:
       workspace: the only writable directory (host path; the same path inside).
       limits: default limits of each command.
       backend: 'bwrap' or 'unshare'; None picks with ``detect_backend``.
-      hidden: host paths masked by an empty tmpfs (the workspace must not lie under them, except
-        under /tmp which is always private).
-      exposed: host paths bind-mounted back read-only (under ``hidden`` paths).
+      hidden: host paths masked by an empty tmpfs (missing ones are ignored). /tmp is always
+        private. The workspace and ``exposed`` paths are mounted back on top when under them.
+      exposed: host paths bind-mounted back read-only (default: this Python's installation).
       path: PATH inside; defaults to the exposed Python's bin dir plus the system dirs.
     """
 
@@ -187,7 +213,7 @@ class Sandbox:
         workspace: str,
         limits: Limits = Limits(),
         backend: str | None = None,
-        hidden: Sequence[str] = ("/root",),
+        hidden: Sequence[str] = DEFAULT_HIDDEN,
         exposed: Sequence[str] | None = None,
         path: str | None = None,
     ):
@@ -204,7 +230,7 @@ class Sandbox:
         ]
         if missing:
             raise SandboxError(f"sandbox backend {self.backend!r} needs {missing} on PATH")
-        self.hidden = tuple(sorted({os.path.realpath(h) for h in hidden}))
+        self.hidden = tuple(sorted({os.path.realpath(h) for h in hidden if os.path.isdir(h)}))
         exposed = default_exposed() if exposed is None else exposed
         exposed = sorted({os.path.realpath(e) for e in exposed if os.path.exists(e)})
         # A path inside another exposed path is already visible.
@@ -354,8 +380,11 @@ class Sandbox:
         lines += [
             "mount --make-rprivate /",
             # Every mount read-only; then private tmpfs over hidden paths and /tmp.
-            "for m in $(awk '{print $5}' /proc/self/mountinfo | sort -u); do"
-            ' mount -o remount,bind,ro "$m" 2>/dev/null || true; done',
+            # (fields 5 and 6 of mountinfo: mount point, per-mount options; ro ones are skipped;
+            # mountinfo escapes spaces and the like as \040, which printf %b decodes)
+            "while read -r _ _ _ _ m o _; do case $m in *\\\\*) m=$(printf '%b' \"$m\");; esac;"
+            ' case $o in ro*) ;; *) mount -o remount,bind,ro "$m" 2>/dev/null || true;; esac;'
+            " done < /proc/self/mountinfo",
         ]
         for h in self.hidden:
             lines.append(f"mount -t tmpfs -o size=1m,mode=755 tmpfs {q(h)}")

@@ -30,7 +30,7 @@ from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import GREEDY, Sampler, SamplingParams, StopConfig
-from agentrl_jax.sharding import make_mesh
+from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import rl_batch
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -95,6 +95,7 @@ class Trainer:
             num_workers=cfg.env.num_workers,
             envs_per_worker=cfg.env.envs_per_worker,
         )
+        self.mesh = make_mesh(cfg.mesh) if math.prod(cfg.mesh) > 1 else None
         self.tokenizer = self._tokenizer()
         self.template = get_template(cfg.model.template)
         self.policy = self._policy()
@@ -123,7 +124,6 @@ class Trainer:
             os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
         )
         self.curriculum = Curriculum(cfg.curriculum)
-        self.mesh = make_mesh(cfg.mesh) if math.prod(cfg.mesh) > 1 else None
         self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
@@ -183,7 +183,7 @@ class Trainer:
         if cfg.checkpoint:
             from agentrl_jax.models.hf_checkpoint import load_hf_model
 
-            return load_hf_model(cfg.checkpoint, dtype=dtype)
+            return load_hf_model(cfg.checkpoint, mesh=self.mesh, dtype=dtype, remat=cfg.remat)
         vocab = len(self.tokenizer)
         model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat, **dict(cfg.overrides))
         if vocab > model_cfg.vocab_size:
@@ -191,7 +191,11 @@ class Trainer:
                 f"the tokenizer has {vocab} tokens; preset {cfg.preset!r} has vocab_size "
                 f"{model_cfg.vocab_size} (lower config.model.tokenizer_vocab)"
             )
-        return Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(self.config.seed))
+        # One compiled initialiser, each parameter created in its layout on the mesh.
+        seed = self.config.seed
+        return create_sharded_model(
+            lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(seed)), self.mesh
+        )
 
     def _learner(self) -> Learner:
         cfg = self.config

@@ -1,0 +1,252 @@
+"""Evaluation: per-task-type success against hand-computed numbers, reports, tables, plots."""
+
+import json
+import math
+import os
+import pathlib
+
+import jax
+import pytest
+from flax import nnx
+
+from agentrl_jax.envs.actors import StepResult
+from agentrl_jax.envs.base import Observation, Task
+from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models.tokenizer import build_tokenizer
+from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+from agentrl_jax.training.chat import get_template
+from agentrl_jax.training.evaluate import (
+    before_after_table,
+    evaluate,
+    markdown_table,
+    plot_learning_curve,
+    summarize,
+    task_type,
+    write_report,
+)
+from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
+from agentrl_jax.training.tensorboard import SummaryWriter
+from agentrl_jax.training.trajectory import Step, Trajectory
+
+ALF_ID = "pick_two_obj_and_place-Pen-None-Desk-310/trial_T20190908_174617_548640"
+
+
+def _task(name, env="scripted", **params):
+    return Task(env, "valid", name, tuple(sorted(params.items())))
+
+
+# outcome: win / lose after `length` steps, or never (max_turns ends it); crash at step `crash`
+# (0: at reset).
+TASKS = [
+    _task("simple/0", spec="simple", outcome="win", length=2),
+    _task("simple/1", spec="simple", outcome="lose", length=3),
+    _task("medium/0", spec="medium", outcome="win", length=1),
+    _task("medium/1", spec="medium", outcome="win", length=2, crash=0),
+    _task("medium/2", spec="medium", outcome="win", length=3, crash=2),
+    _task(ALF_ID, env="alfworld", outcome="win", length=1),
+    _task("simple/2", spec="simple", outcome="never", length=99),
+]
+
+
+class OutcomePool:
+    """An in-process stand-in for ActorPool whose episodes end as their task says, whatever the
+    policy does. Every odd-numbered step is flagged invalid; the first step pays 0.25 unless it
+    ends the episode; a win pays 1."""
+
+    capacity = 2
+
+    def __init__(self):
+        self.reset_sizes = []
+        self.resets = []
+
+    def _obs(self):
+        return Observation(objective="win", text="a room", admissible_commands=("look",))
+
+    def reset(self, tasks):
+        self.tasks, self.t = list(tasks), [0] * len(tasks)
+        self.reset_sizes.append(len(tasks))
+        self.resets += [t.id for t in tasks]
+        return [
+            StepResult(None, done=True, infra_failure=True)
+            if t.param("crash") == 0
+            else StepResult(self._obs(), info={"state_key": 0})
+            for t in tasks
+        ]
+
+    def step(self, actions):
+        out = []
+        for i, a in enumerate(actions):
+            if a is None:
+                out.append(None)
+                continue
+            task = self.tasks[i]
+            self.t[i] += 1
+            t = self.t[i]
+            if task.param("crash") == t:
+                out.append(StepResult(None, done=True, infra_failure=True))
+                continue
+            done = task.param("outcome") != "never" and t >= task.param("length")
+            won = done and task.param("outcome") == "win"
+            reward = (1.0 if won else 0.0) + (0.25 if t == 1 and not done else 0.0)
+            info = {"won": won, "state_key": t, "invalid_action": t % 2 == 1}
+            out.append(StepResult(self._obs(), reward=reward, done=done, info=info))
+        return out
+
+
+class RecordingSampler:
+    """The real sampler, with a record of the sampling parameters each turn asked for."""
+
+    def __init__(self, inner):
+        self.inner, self.sampling = inner, []
+
+    def start(self, *args):
+        return self.inner.start(*args)
+
+    def step_turn(self, cache, feed, max_new, rng, sampling=None):
+        self.sampling.append(sampling)
+        return self.inner.step_turn(cache, feed, max_new, rng, sampling=sampling)
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory):
+    tok = build_tokenizer(["a room | look | Goal: win | Commands: look"] * 10, 300,
+                          tmp_path_factory.mktemp("tok"))  # fmt: skip
+    cfg = preset(
+        "tiny", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=16,
+    )  # fmt: skip
+    template = get_template("plain")
+    sampler = Sampler(
+        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
+        sampling=SamplingParams(temperature=1.0),
+        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
+        pad_id=tok.pad_token_id,
+    )
+    config = RolloutConfig(group_size=2, max_turns=4, max_new_tokens=4, max_seq_len=256)
+    return RolloutWorker(OutcomePool(), RecordingSampler(sampler), tok, template, config)
+
+
+@pytest.fixture(scope="module")
+def greedy(worker):
+    pool, sampler = worker.pool, worker.sampler
+    pool.reset_sizes, pool.resets, sampler.sampling = [], [], []
+    result = evaluate(worker, TASKS, jax.random.key(0))
+    return result, list(pool.reset_sizes), list(pool.resets), list(sampler.sampling)
+
+
+def test_greedy_evaluation_matches_hand_computed_numbers(greedy):
+    result, reset_sizes, resets, sampling = greedy
+    # Greedy: one episode per task even though the worker samples groups of 2, played in
+    # batches no larger than the pool's capacity, every action argmax.
+    assert sorted(resets) == sorted(t.id for t in TASKS)
+    assert reset_sizes == [2, 2, 2, 1]
+    assert sampling and all(s.temperature == 0.0 for s in sampling)
+    o = result.overall
+    # Counted: simple/0 (won, 2 steps, 1.25), simple/1 (lost, 3, 0.25), medium/0 (won, 1, 1),
+    # the ALFWorld task (won, 1, 1), simple/2 (cut at 4 turns, 0.25); medium/1 and medium/2
+    # were lost to the pool. Invalid: steps 1 and 3 of each episode -> 1+2+1+1+2 of 11 steps.
+    assert (o.episodes, o.wins, o.infra_failures, o.truncated) == (5, 3, 2, 1)
+    assert o.success_rate == pytest.approx(3 / 5, abs=1e-12)
+    assert o.mean_steps == pytest.approx(11 / 5, abs=1e-12)
+    assert o.mean_return == pytest.approx(3.75 / 5, abs=1e-12)
+    assert o.invalid_action_rate == pytest.approx(7 / 11, abs=1e-12)
+    assert list(result.per_type) == ["medium", "pick_two_obj_and_place", "simple"]
+    simple, medium = result.per_type["simple"], result.per_type["medium"]
+    assert (simple.episodes, simple.wins, simple.truncated) == (3, 1, 1)
+    assert simple.mean_steps == pytest.approx(3.0, abs=1e-12)
+    assert simple.mean_return == pytest.approx(1.75 / 3, abs=1e-12)
+    assert (medium.episodes, medium.wins, medium.infra_failures) == (1, 1, 2)
+    assert result.per_type["pick_two_obj_and_place"].success_rate == 1.0
+    assert result.greedy and result.num_tasks == 7
+
+
+def test_sampled_evaluation_plays_the_group(worker):
+    worker.pool.reset_sizes = []
+    result = evaluate(worker, TASKS, jax.random.key(1), greedy=False)
+    assert result.overall.episodes == 10 and result.overall.infra_failures == 4
+    assert result.overall.wins == 6 and not result.greedy
+    assert worker.pool.reset_sizes == [2] * 7  # one task (a group of 2) per call at capacity 2
+
+
+def test_task_type_prefers_the_envs_report():
+    step = Step([1], [2], [0.0], info={"task_type": "pick_heat_then_place_in_recep"})
+    traj = Trajectory(_task(ALF_ID, env="alfworld"), 0, steps=[step])
+    assert task_type(traj) == "pick_heat_then_place_in_recep"
+    assert task_type(Trajectory(_task(ALF_ID, env="alfworld"), 0)) == "pick_two_obj_and_place"
+    # TextWorld tasks as games.make_tasks names them: presets by level, other specs by name.
+    tw = Task("textworld", "valid", "custom-r2-o3-q2/4", (("spec", "custom-r2-o3-q2"),))
+    assert task_type(Trajectory(tw, 0)) == "simple"
+    tw = Task("textworld", "valid", "custom-r6-o10-q5/0", (("spec", "custom-r6-o10-q5"),))
+    assert task_type(Trajectory(tw, 0)) == "custom-r6-o10-q5"
+    assert task_type(Trajectory(_task("swe/x", task_type="bugfix"), 0)) == "bugfix"
+    assert task_type(Trajectory(Task("swe", "test", "django/1"), 0)) == "django"
+
+
+def _result(wins, episodes, spec="simple"):
+    trajs = [
+        Trajectory(
+            _task(f"{spec}/{i}", spec=spec), i, steps=[Step([1], [2], [0.0], 1.0)], won=i < wins
+        )  # fmt: skip
+        for i in range(episodes)
+    ]
+    return summarize(trajs, greedy=True, num_tasks=episodes)
+
+
+def test_reports_json_and_markdown(tmp_path, greedy):
+    result = greedy[0]
+    json_path, md_path = write_report(result, tmp_path / "eval", "valid_simple")
+    data = json.loads(pathlib.Path(json_path).read_text())
+    assert data["name"] == "valid_simple" and data["num_tasks"] == 7
+    assert data["overall"]["success_rate"] == pytest.approx(0.6)
+    assert data["per_type"]["medium"]["infra_failures"] == 2
+    md = pathlib.Path(md_path).read_text()
+    assert md.startswith("# Evaluation: valid_simple\n")
+    assert "| simple | 3 | 33.3% | 3.00 | 0.583 | 55.6% | 0 |" in md
+    assert "| **all** | 5 | 60.0% | 2.20 | 0.750 | 63.6% | 2 |" in md
+    # An empty set has no rates: null in JSON, n/a in the table (never a fake 0%).
+    empty = summarize([Trajectory(_task("x/0"), 0, infra_failure=True)], greedy=True, num_tasks=1)
+    assert math.isnan(empty.success_rate)
+    write_report(empty, tmp_path, "empty")
+    assert json.loads((tmp_path / "empty.json").read_text())["overall"]["success_rate"] is None
+    assert "| **all** | 0 | n/a | n/a | n/a | n/a | 1 |" in markdown_table(empty)
+    with pytest.raises(ValueError, match="plain file stem"):
+        write_report(result, tmp_path, "a/b")
+
+
+def test_before_after_table():
+    table = before_after_table(
+        [
+            ("simple (training complexity)", _result(31, 50), _result(45, 50)),
+            ("medium (next harder)", _result(10, 50, "medium"), _result(8, 40, "medium")),
+        ]
+    )
+    assert table.splitlines() == [
+        "| held-out set | episodes | after SFT | after RL | RL gain |",
+        "|---|---:|---:|---:|---:|",
+        "| simple (training complexity) | 50 | 62.0% | 90.0% | +28.0 pts |",
+        "| medium (next harder) | 50 / 40 | 20.0% | 20.0% | +0.0 pts |",
+    ]
+    with pytest.raises(ValueError, match="no rows"):
+        before_after_table([])
+
+
+def test_learning_curve_png(tmp_path):
+    logdir = str(tmp_path / "tb")
+    writer = SummaryWriter(logdir)
+    for step in range(20):
+        writer.scalars(
+            {"rollout/success_rate": min(1.0, step / 15), "rollout/return": step / 10}, step
+        )
+    writer.close()
+    out = tmp_path / "plots" / "curve.png"
+    assert plot_learning_curve(logdir, out) == ["rollout/success_rate", "rollout/return"]
+    png = out.read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
+    assert (width, height) == (700, 540)  # figsize (7, 2.4 * 2 + 0.6) inches at 100 dpi
+    assert os.path.getsize(out) > 5000  # drawn lines and text, not a blank canvas
+    assert plot_learning_curve(logdir, out, tags=["rollout/return"]) == ["rollout/return"]
+    with pytest.raises(ValueError, match=r"no scalar \['eval/x'\]; its tags: \['rollout/return'"):
+        plot_learning_curve(logdir, out, tags=["eval/x"])
+    with pytest.raises(FileNotFoundError):
+        plot_learning_curve(tmp_path / "nope", out)

@@ -1,0 +1,85 @@
+"""Logit processing against transformers' own warpers, and the sampling frequencies."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from agentrl_jax.sampling import GREEDY, SamplingParams
+from agentrl_jax.sampling.logits import draw, processed_logprobs
+
+
+def hf_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """The reference: Hugging Face's warpers in generate's order, then log_softmax."""
+    scores = torch.from_numpy(logits)
+    scores = TemperatureLogitsWarper(params.temperature)(None, scores)
+    if params.top_k:
+        scores = TopKLogitsWarper(params.top_k)(None, scores)
+    if params.top_p < 1.0:
+        scores = TopPLogitsWarper(params.top_p)(None, scores)
+    return torch.log_softmax(scores, dim=-1).numpy()
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.6),
+        SamplingParams(temperature=1.0, top_k=1),
+        SamplingParams(temperature=0.8, top_k=7),
+        SamplingParams(temperature=1.3, top_p=0.5),
+        SamplingParams(temperature=0.7, top_k=20, top_p=0.9),
+    ],
+)
+def test_processed_logprobs_match_transformers(params):
+    rng = np.random.default_rng(0)
+    logits = (3.0 * rng.standard_normal((6, 64))).astype(np.float32)
+    ours = np.asarray(processed_logprobs(jnp.asarray(logits), params))
+    ref = hf_logprobs(logits, params)
+    np.testing.assert_array_equal(np.isfinite(ours), np.isfinite(ref))
+    kept = np.isfinite(ref)
+    np.testing.assert_allclose(ours[kept], ref[kept], rtol=0, atol=1e-5)
+    if params.top_k:
+        assert (kept.sum(-1) <= params.top_k).all()
+
+
+def test_draw_frequencies_follow_the_processed_distribution():
+    params = SamplingParams(temperature=0.9, top_k=5, top_p=0.8)
+    logits_v = np.array([2.0, 1.5, 1.0, 0.5, 0.2, 0.1, -1.0, 3.0], np.float32)
+    n = 40_000
+    tokens, logprob, policy = jax.jit(lambda k, x: draw(k, x, params))(
+        jax.random.key(0), jnp.broadcast_to(jnp.asarray(logits_v), (n, 8))
+    )
+    expected = np.exp(hf_logprobs(logits_v[None], params)[0])
+    freq = np.bincount(np.asarray(tokens), minlength=8) / n
+    # 4 standard errors of a frequency of n draws at p = 0.5.
+    np.testing.assert_allclose(freq, expected, rtol=0, atol=4 * 0.5 / np.sqrt(n))
+    assert freq[expected == 0].sum() == 0  # filtered tokens are never drawn
+    tokens = np.asarray(tokens)
+    np.testing.assert_allclose(np.asarray(logprob), np.log(expected[tokens]), rtol=0, atol=1e-5)
+    ref_policy = np.asarray(jax.nn.log_softmax(jnp.asarray(logits_v)))[tokens]
+    np.testing.assert_allclose(np.asarray(policy), ref_policy, rtol=0, atol=1e-6)
+
+
+def test_greedy_draws_the_argmax():
+    logits = np.random.default_rng(1).standard_normal((5, 32)).astype(np.float32)
+    tokens, logprob, policy = draw(jax.random.key(0), jnp.asarray(logits), GREEDY)
+    np.testing.assert_array_equal(np.asarray(tokens), logits.argmax(-1))
+    assert (np.asarray(logprob) == 0).all()
+    ref = np.asarray(jax.nn.log_softmax(jnp.asarray(logits)))[np.arange(5), logits.argmax(-1)]
+    np.testing.assert_allclose(np.asarray(policy), ref, rtol=0, atol=1e-6)
+
+
+def test_bad_sampling_params_are_clear_errors():
+    with pytest.raises(ValueError, match="top_p=0.0: expected in"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="top_k=-1"):
+        SamplingParams(top_k=-1)
+    with pytest.raises(ValueError, match="temperature=-0.5"):
+        SamplingParams(temperature=-0.5)
