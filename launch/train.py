@@ -18,7 +18,6 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from agentrl_jax.training.config import ConfigError, from_config_dict
-from agentrl_jax.training.report import before_after_markdown
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and reports go.")
@@ -40,9 +39,9 @@ def main(argv):
     trainer = Trainer(config, _WORKDIR.value)
     try:
         evals = trainer.run()
+        table = trainer.before_after()
     finally:
         trainer.close()
-    table = before_after_markdown(evals)
     workdir = os.path.abspath(_WORKDIR.value)
     with open(os.path.join(workdir, "report.md"), "w") as f:
         f.write(table + "\n")

@@ -205,6 +205,47 @@ def test_restoring_the_iterator_state_mid_epoch_replays_exactly_the_same_batches
         np.testing.assert_array_equal(next(fresh)["tokens"], rest[0]["tokens"])
 
 
+def test_length_grouping_pads_less_covers_every_example_and_resumes_exactly():
+    rng = np.random.default_rng(5)
+    lengths = rng.integers(3, 250, 61).tolist()
+    examples = _toy_examples(lengths)
+    buckets = (16, 32, 64, 128, 256)
+    plain = SftDataConfig(batch_size=4, buckets=buckets, num_epochs=2, seed=2)
+    grouped = SftDataConfig(
+        batch_size=4, buckets=buckets, num_epochs=2, seed=2, group_by_length=4, read_threads=2
+    )
+    data = SftDataset(examples, grouped, pad_id=0)
+    batches = list(data.iterator())
+    assert data.batches_per_epoch == 16 and len(batches) == 32
+    epochs = [sum((_row_ids(b) for b in batches[e * 16 : e * 16 + 16]), []) for e in range(2)]
+    for ids in epochs:
+        assert sorted(ids) == list(range(61))
+    assert epochs[0] != epochs[1]
+    for b in batches:  # rows exact, as without grouping
+        for r, i in enumerate(_row_ids(b)):
+            np.testing.assert_array_equal(b["tokens"][r, : lengths[i]], examples[i]["tokens"])
+            assert b["mask"][r].sum() == lengths[i]
+
+    # Within a window of 4 batches the rows are sorted by length, so padding shrinks.
+    def area(ds):
+        return sum(b["tokens"].size for b in ds.iterator())
+
+    assert area(data) < 0.8 * area(SftDataset(examples, plain, pad_id=0))
+    it = data.iterator()
+    for _ in range(19):  # into the second epoch
+        next(it)
+    state = it.get_state()
+    rest = [b["tokens"] for b in it]
+    resumed = [b["tokens"] for b in SftDataset(examples, grouped, pad_id=0).iterator(state)]
+    assert len(rest) == len(resumed) == 13
+    for a, b in zip(rest, resumed):
+        np.testing.assert_array_equal(a, b)
+    dropped = SftDataConfig(batch_size=4, buckets=buckets, group_by_length=4, drop_remainder=True)
+    assert all(len(_row_ids(b)) == 4 for b in SftDataset(examples, dropped, 0).iterator())
+    with pytest.raises(ValueError, match="group_by_length is -1"):
+        SftDataConfig(group_by_length=-1)
+
+
 def test_drop_remainder_and_unshuffled_order():
     examples = _toy_examples([4, 5, 6, 7, 8])
     cfg = SftDataConfig(batch_size=2, buckets=(8,), shuffle=False, drop_remainder=True)

@@ -60,13 +60,7 @@ def step_workload(rng: np.random.Generator, b: int, s: int):
         state_keys=keys,
     )
     make_s = time.perf_counter() - t0
-    lists = [
-        dict(
-            group=int(group[i]), rewards=rewards[i, : n[i]].tolist(), keys=keys[i, : n[i]].tolist()
-        )
-        for i in range(b)
-    ]
-    return batch, lists, make_s
+    return batch, (rewards, step_mask, group, keys), make_s
 
 
 def token_workload(rng: np.random.Generator, b: int, t: int):
@@ -93,153 +87,174 @@ def token_workload(rng: np.random.Generator, b: int, t: int):
         step_mask=step_mask,
         group_ids=np.arange(b) // GROUP,
     )
-    lists = [
-        dict(
-            mask=loss_mask[i].tolist(),
-            step=step_ids[i].tolist(),
-            rewards=rewards[i].tolist(),
-            values=values[i].tolist(),
-        )
-        for i in range(b)
-    ]
-    return batch, values, lists
+    return batch, (loss_mask, step_ids, rewards, values)
 
 
+#
 # ------------------------------------------------------------------------ Python references
+#
+# Written as papers print them: loops over the padded numpy arrays of the batch (float32, as
+# the trainer holds them), indexing one element at a time (``rewards[i, k]``), one trajectory
+# after another. Nothing is pre-converted to Python lists and nothing is vectorised.
 
 
-def _mean_std(xs):
-    """Plain float arithmetic (``statistics.stdev`` is exact-rational, hence far slower)."""
-    mean = sum(xs) / len(xs)
-    return mean, (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+def _length(step_mask, i):
+    """Real steps of trajectory i (its step mask is a prefix of ones)."""
+    return int(step_mask[i].sum())
 
 
-def _normalize(xs, eps=1e-6):
+def _normalize(xs, eps):
+    """(x - mean) / (std + eps) with the unbiased std; 0 for a group of one.
+
+    The statistics run in Python floats (float64), so the reference is the more exact side.
+    """
     if len(xs) < 2:
         return [0.0] * len(xs)
-    mean, std = _mean_std(xs)
+    xs = [float(x) for x in xs]
+    mean = sum(xs) / len(xs)
+    std = (sum((x - mean) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
     return [(x - mean) / (std + eps) for x in xs]
 
 
-def _by_group(trajs):
-    groups = {}
-    for i, t in enumerate(trajs):
-        groups.setdefault(t["group"], []).append(i)
-    return groups
+def _groups(group):
+    members = {}
+    for i in range(len(group)):
+        members.setdefault(group[i], []).append(i)
+    return members
 
 
-def _discounted(rewards, gamma):
-    out, g = [0.0] * len(rewards), 0.0
-    for k in reversed(range(len(rewards))):
-        g = rewards[k] + gamma * g
+def _episode_return(rewards, step_mask, i):
+    ret = 0.0
+    for k in range(_length(step_mask, i)):
+        ret += rewards[i, k]
+    return ret
+
+
+def _discounted(rewards, step_mask, i, gamma):
+    n = _length(step_mask, i)
+    out, g = [0.0] * n, 0.0
+    for k in reversed(range(n)):
+        g = rewards[i, k] + gamma * g
         out[k] = g
     return out
 
 
-def ref_grpo(trajs, cfg):
-    out = [None] * len(trajs)
-    for idx in _by_group(trajs).values():
-        for i, a in zip(idx, _normalize([sum(trajs[i]["rewards"]) for i in idx], cfg.eps)):
-            out[i] = [a] * len(trajs[i]["rewards"])
-    return out
+def ref_grpo(rewards, step_mask, group, keys, cfg):
+    adv = np.zeros(rewards.shape, np.float32)
+    for idx in _groups(group).values():
+        returns = [_episode_return(rewards, step_mask, i) for i in idx]
+        for i, a in zip(idx, _normalize(returns, cfg.eps)):
+            for k in range(_length(step_mask, i)):
+                adv[i, k] = a
+    return adv
 
 
-def ref_rloo(trajs, cfg):
-    out = [None] * len(trajs)
-    for idx in _by_group(trajs).values():
-        total = sum(sum(trajs[i]["rewards"]) for i in idx)
-        for i in idx:
-            r = sum(trajs[i]["rewards"])
+def ref_rloo(rewards, step_mask, group, keys, cfg):
+    adv = np.zeros(rewards.shape, np.float32)
+    for idx in _groups(group).values():
+        returns = [_episode_return(rewards, step_mask, i) for i in idx]
+        total = sum(returns)
+        for i, r in zip(idx, returns):
             a = r - (total - r) / (len(idx) - 1) if len(idx) > 1 else 0.0
-            out[i] = [a] * len(trajs[i]["rewards"])
-    return out
+            for k in range(_length(step_mask, i)):
+                adv[i, k] = a
+    return adv
 
 
-def ref_gigpo(trajs, cfg):
-    episode = ref_grpo(trajs, cfg)
-    returns = [_discounted(t["rewards"], cfg.gamma) for t in trajs]
+def ref_gigpo(rewards, step_mask, group, keys, cfg):
+    adv = ref_grpo(rewards, step_mask, group, keys, cfg)
+    returns = [_discounted(rewards, step_mask, i, cfg.gamma) for i in range(len(group))]
     anchors = {}
-    for i, t in enumerate(trajs):
-        for k, key in enumerate(t["keys"]):
-            anchors.setdefault((t["group"], key), []).append((i, k))
-    out = [list(e) for e in episode]
+    for i in range(len(group)):
+        for k in range(len(returns[i])):
+            anchors.setdefault((group[i], keys[i, k]), []).append((i, k))
     for members in anchors.values():
-        for (i, k), a in zip(members, _normalize([returns[i][k] for i, k in members], cfg.eps)):
-            out[i][k] += cfg.step_weight * a
-    return out
+        step = _normalize([returns[i][k] for i, k in members], cfg.eps)
+        for (i, k), a in zip(members, step):
+            adv[i, k] += cfg.step_weight * a
+    return adv
 
 
-def ref_gagpo(trajs, cfg):
-    returns = [_discounted(t["rewards"], cfg.gamma) for t in trajs]
+def ref_gagpo(rewards, step_mask, group, keys, cfg):
+    returns = [_discounted(rewards, step_mask, i, cfg.gamma) for i in range(len(group))]
     pools = {}
-    for i, t in enumerate(trajs):
-        for k, key in enumerate(t["keys"]):
-            pools.setdefault((t["group"], key), []).append(returns[i][k])
-    value = {key: sum(v) / len(v) for key, v in pools.items()}
-    out = [None] * len(trajs)
-    for idx in _by_group(trajs).values():
+    for i in range(len(group)):
+        for k in range(len(returns[i])):
+            pools.setdefault((group[i], keys[i, k]), []).append(returns[i][k])
+    value = {state: sum(g) / len(g) for state, g in pools.items()}
+    adv = np.zeros(rewards.shape, np.float32)
+    for idx in _groups(group).values():
         raw = []
         for i in idx:
-            t, n = trajs[i], len(trajs[i]["rewards"])
-            adv, last = [0.0] * n, 0.0
+            n, last = len(returns[i]), 0.0
+            a = [0.0] * n
             for k in reversed(range(n)):
-                v_next = value[(t["group"], t["keys"][k + 1])] if k + 1 < n else 0.0
-                delta = t["rewards"][k] + cfg.gamma * v_next - value[(t["group"], t["keys"][k])]
+                v_next = value[(group[i], keys[i, k + 1])] if k + 1 < n else 0.0
+                delta = rewards[i, k] + cfg.gamma * v_next - value[(group[i], keys[i, k])]
                 last = delta + cfg.gamma * cfg.lam * last
-                adv[k] = last
-            raw.append(adv)
-        flat = _normalize([a for adv in raw for a in adv], cfg.eps)
-        for i, adv in zip(idx, raw):
-            out[i], flat = flat[: len(adv)], flat[len(adv) :]
-    return out
+                a[k] = last
+            raw.append(a)
+        flat = _normalize([x for a in raw for x in a], cfg.eps)
+        for i, a in zip(idx, raw):
+            for k in range(len(a)):
+                adv[i, k] = flat[k]
+            flat = flat[len(a) :]
+    return adv
 
 
-def ref_gae(rows, cfg):
+def ref_gae(loss_mask, step_ids, rewards, values, cfg):
     """The practitioner's-guide loop: reverse over tokens, skipping environment tokens."""
-    out = []
-    for row in rows:
-        mask, step, values, rewards = row["mask"], row["step"], row["values"], row["rewards"]
-        n = len(mask)
-        adv = [0.0] * n
+    b, t = loss_mask.shape
+    adv = np.zeros((b, t), np.float32)
+    for row in range(b):
         last_adv, next_value = 0.0, 0.0
-        for t in reversed(range(n)):
-            if not mask[t]:
+        for k in reversed(range(t)):
+            if loss_mask[row, k] == 0:
                 continue
-            last_token = t + 1 == n or step[t + 1] != step[t]
-            r = rewards[step[t]] if last_token else 0.0
-            delta = r + cfg.gamma * next_value - values[t]
+            last_token = k + 1 == t or step_ids[row, k + 1] != step_ids[row, k]
+            r = rewards[row, step_ids[row, k]] if last_token else 0.0
+            delta = r + cfg.gamma * next_value - values[row, k]
             last_adv = delta + cfg.gamma * cfg.lam * last_adv
-            adv[t], next_value = last_adv, values[t]
-        out.append(adv)
-    return out
+            adv[row, k] = last_adv
+            next_value = values[row, k]
+    return adv
 
 
-def ref_reinforce_pp(rows, cfg):
-    returns = []
-    for row in rows:
-        mask, step, rewards = row["mask"], row["step"], row["rewards"]
-        n, g = len(mask), 0.0
-        ret = [0.0] * n
-        for t in reversed(range(n)):
-            if mask[t]:
-                last_token = t + 1 == n or step[t + 1] != step[t]
-                g = (rewards[step[t]] if last_token else 0.0) + cfg.gamma * g
-                ret[t] = g
-        returns.append(ret)
-    flat = [x for row, ret in zip(rows, returns) for m, x in zip(row["mask"], ret) if m]
-    mean, std = _mean_std(flat)
-    return [
-        [(x - mean) / (std + cfg.eps) if m else 0.0 for m, x in zip(row["mask"], ret)]
-        for row, ret in zip(rows, returns)
-    ]
+def ref_reinforce_pp(loss_mask, step_ids, rewards, values, cfg):
+    """Token returns over agent tokens (environment tokens skipped), whitened over the batch."""
+    b, t = loss_mask.shape
+    ret = np.zeros((b, t), np.float32)
+    flat = []
+    for row in range(b):
+        g = 0.0
+        for k in reversed(range(t)):
+            if loss_mask[row, k] == 0:
+                continue
+            last_token = k + 1 == t or step_ids[row, k + 1] != step_ids[row, k]
+            g = (rewards[row, step_ids[row, k]] if last_token else 0.0) + cfg.gamma * g
+            ret[row, k] = g
+            flat.append(float(g))  # Batch statistics in float64: the exact side.
+    mean = sum(flat) / len(flat)
+    std = (sum((x - mean) ** 2 for x in flat) / (len(flat) - 1)) ** 0.5
+    adv = np.zeros((b, t), np.float32)
+    for row in range(b):
+        for k in range(t):
+            if loss_mask[row, k] != 0:
+                adv[row, k] = (float(ret[row, k]) - mean) / (std + cfg.eps)
+    return adv
 
 
 # -------------------------------------------------------------------------------- the bench
 
 
-def _max_diff_steps(ours_steps, ref):
-    got = np.asarray(ours_steps)
-    return max(float(np.max(np.abs(got[i, : len(r)] - np.asarray(r)))) for i, r in enumerate(ref))
+def _timed_output(fn, repeats: int):
+    """(median seconds, output of the last call) of ``fn()`` over ``repeats`` runs."""
+    times, out = [], None
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2], out
 
 
 def _bytes(*arrays) -> int:
@@ -255,6 +270,7 @@ def _row(name, size, ours_s, ref_s, ref_rows, rows, moved, bandwidth, diff, extr
         unit="ms per batch",
         higher_is_better=False,
         extra={
+            "reference_form": REFERENCE_FORM,
             "reference_rows": ref_rows,
             "reference_scale": scale,
             "reference_measured_ms": ref_s * 1e3,
@@ -267,20 +283,28 @@ def _row(name, size, ours_s, ref_s, ref_rows, rows, moved, bandwidth, diff, extr
     )
 
 
+REFERENCE_FORM = (
+    "per-trajectory Python loop over the batch's float32 numpy arrays, one element indexed at a "
+    "time (rewards[i, k]), as papers print it; group statistics in Python floats"
+)
+
+
 def run(quick: bool) -> Report:
-    """Times every registered built-in estimator against its Python loop."""
+    """Times every registered built-in estimator against its Python loop (medians of repeats)."""
     rng = np.random.default_rng(0)
     b_steps, s = (256, 16) if quick else (4096, 64)
     b_tok, t = (16, 512) if quick else (512, 4096)
     ref_step_rows, ref_tok_rows = (b_steps, b_tok) if quick else (1024, 64)
+    ours_repeats, ref_repeats = (3, 1) if quick else (21, 3)
     report = Report("advantages")
     bandwidth = memory_bandwidth(16 << 20 if quick else 512 << 20)
     report.facts["memory_bandwidth_GBps"] = round(bandwidth / 1e9, 2)
     report.facts["devices"] = str(jax.devices())
+    report.facts["reference_form"] = REFERENCE_FORM
     cfg = kernels.AdvantageConfig(gamma=0.95, lam=0.95)
 
-    batch, trajs, make_s = step_workload(rng, b_steps, s)
-    sub = trajs[:ref_step_rows]
+    batch, host, make_s = step_workload(rng, b_steps, s)
+    sub = tuple(a[:ref_step_rows] for a in host)  # Views: whole groups, no copy.
     for name, ref in (
         ("grpo", ref_grpo),
         ("rloo", ref_rloo),
@@ -288,38 +312,37 @@ def run(quick: bool) -> Report:
         ("gagpo", ref_gagpo),
     ):
         fn = kernels.get_advantage_estimator(name)
-        out = jax.block_until_ready(fn(batch, cfg))  # compile
-        ours_s = timed(lambda fn=fn: jax.block_until_ready(fn(batch, cfg)), repeats=5)
-        t0 = time.perf_counter()
-        ref_out = ref(sub, cfg)
-        ref_s = time.perf_counter() - t0
+        out = jax.block_until_ready(fn(batch, cfg))  # Compiles; the timed calls below do not.
+        ours_s = timed(lambda fn=fn: jax.block_until_ready(fn(batch, cfg)), repeats=ours_repeats)
+        ref_s, ref_out = _timed_output(lambda ref=ref: ref(*sub, cfg), ref_repeats)
+        diff = float(np.max(np.abs(np.asarray(out.steps)[: len(ref_out)] - ref_out)))
         moved = _bytes(batch.rewards, batch.step_mask, batch.group_ids, batch.state_ids)
         moved += _bytes(batch.loss_mask, batch.step_ids, out.tokens, out.steps)
         report.add(
             _row(
-                name, f"{b_steps}x{s} steps", ours_s, ref_s, len(sub), b_steps, moved, bandwidth,
-                _max_diff_steps(out.steps, ref_out), {"make_batch_ms": make_s * 1e3},
+                name, f"{b_steps}x{s} steps", ours_s, ref_s, ref_step_rows, b_steps, moved,
+                bandwidth, diff, {"make_batch_ms": make_s * 1e3},
             )
         )  # fmt: skip
 
-    batch, values, rows = token_workload(rng, b_tok, t)
+    batch, host = token_workload(rng, b_tok, t)
+    values = jax.device_put(host[3])  # The critic's output already lives on the device.
     for name, ref in (("gae", ref_gae), ("reinforce_pp", ref_reinforce_pp)):
         # REINFORCE++ whitens over the whole batch: its reference must see every row.
-        sub = rows if name == "reinforce_pp" else rows[:ref_tok_rows]
+        rows = b_tok if name == "reinforce_pp" else ref_tok_rows
+        sub = tuple(a[:rows] for a in host)
         fn = kernels.get_advantage_estimator(name)
         kw = {"values": values} if name == "gae" else {}
         out = jax.block_until_ready(fn(batch, cfg, **kw))
-        ours_s = timed(lambda fn=fn, kw=kw: jax.block_until_ready(fn(batch, cfg, **kw)), repeats=5)
-        t0 = time.perf_counter()
-        ref_out = ref(sub, cfg)
-        ref_s = time.perf_counter() - t0
+        ours_s = timed(
+            lambda fn=fn, kw=kw: jax.block_until_ready(fn(batch, cfg, **kw)), repeats=ours_repeats
+        )
+        ref_s, ref_out = _timed_output(lambda ref=ref, sub=sub: ref(*sub, cfg), ref_repeats)
+        diff = float(np.max(np.abs(np.asarray(out.tokens)[:rows] - ref_out)))
         moved = _bytes(batch.loss_mask, batch.step_ids, batch.rewards, out.tokens, out.returns)
         moved += _bytes(values) if name == "gae" else 0
-        diff = float(np.max(np.abs(np.asarray(out.tokens)[: len(sub)] - np.asarray(ref_out))))
         report.add(
-            _row(
-                name, f"{b_tok}x{t} tokens", ours_s, ref_s, len(sub), b_tok, moved, bandwidth, diff
-            )
-        )  # fmt: skip
+            _row(name, f"{b_tok}x{t} tokens", ours_s, ref_s, rows, b_tok, moved, bandwidth, diff)
+        )
     report.facts["peak_rss_mb"] = round(peak_rss_mb(), 1)
     return report

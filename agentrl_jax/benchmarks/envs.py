@@ -228,10 +228,10 @@ def run(quick: bool) -> Report:
         report.add(row)
     report.facts["alfworld"] = status
     report.facts["what limits the pool"] = (
-        f"at most {min(workers, cores)}x: {cores} cores shared by the workers, this process "
-        "(which pickles every observation and admissible-command list both ways) and anything "
-        "else running; each batch waits for its slowest worker; a reset mostly loads a story "
-        "file (~0.5 s of CPU), a step is ~10 ms of Z-machine + state tracking, so per-message "
-        "IPC overhead matters most for steps"
+        f"at most {min(workers, cores)}x: the workers share {cores} cores with this process "
+        "(which pickles every observation and admissible-command list both ways) and with "
+        "anything else running, and each batch waits for its slowest worker. The 'CPU ms per' "
+        "facts give the pool's own overhead (ours includes the parent); the rest of the gap to "
+        "the core count is CPU taken by other processes"
     )
     return report

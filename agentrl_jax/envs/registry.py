@@ -21,6 +21,7 @@ from agentrl_jax.envs.base import Env
 _REGISTRY: dict[str, str] = {
     "textworld": "agentrl_jax.envs.textworld_env:TextWorldEnv",
     "alfworld": "agentrl_jax.envs.alfworld_env:ALFWorldEnv",
+    "swe": "agentrl_jax.swe.env:SweEnv.from_jsonl",
 }
 
 

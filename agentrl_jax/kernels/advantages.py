@@ -274,8 +274,8 @@ def gagpo_step_advantages(
     delta = dev - gamma * next_dev
     adv = reverse_discounted_sum(delta, step_mask, gamma * lam, sequential=True)
     if normalize:
-        rows = jnp.broadcast_to(group_ids[:, None], (b, s))
-        adv = group_normalize(adv, rows, step_mask, b, norm_by_std=norm_by_std, eps=eps)
+        # Row ids: each row is reduced densely first, so the scatter has B updates, not B * S.
+        adv = group_normalize(adv, group_ids, step_mask, b, norm_by_std=norm_by_std, eps=eps)
     return jnp.where(step_mask > 0, adv, 0.0)
 
 
@@ -368,8 +368,8 @@ def _grpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
         norm_by_std=config.norm_by_std,
         eps=config.eps,
     )
-    steps = a[:, None] * batch.step_mask
-    return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
+    # One advantage per row: every agent token gets it, no [B, T] gather needed.
+    return Advantages(tokens=a[:, None] * batch.loss_mask, steps=a[:, None] * batch.step_mask)
 
 
 _grpo_jit = _counted_jit("grpo", _grpo_impl)
@@ -385,8 +385,8 @@ def grpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Adva
 
 def _rloo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
     a = rloo_advantages(batch.rewards, batch.step_mask, batch.group_ids)
-    steps = a[:, None] * batch.step_mask
-    return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
+    # One advantage per row: every agent token gets it, no [B, T] gather needed.
+    return Advantages(tokens=a[:, None] * batch.loss_mask, steps=a[:, None] * batch.step_mask)
 
 
 _rloo_jit = _counted_jit("rloo", _rloo_impl)

@@ -24,8 +24,9 @@ def group_deviation(
 
     Args:
       x: values, any shape.
-      ids: int32 group id of each element, same shape, in [0, num_segments).
-      mask: 0/1 (or bool), same shape; elements with 0 belong to no group.
+      ids: int32 group id of each element (same shape as x), or of each row ([B] for x of
+        shape [B, S]: every element of row b is in group ids[b]); in [0, num_segments).
+      mask: 0/1 (or bool), x's shape; elements with 0 belong to no group.
       num_segments: static bound on the number of groups.
 
     Returns:
@@ -33,33 +34,70 @@ def group_deviation(
       (the exact shift used; 0 where masked out), and the number of elements of each
       element's group, all of x's shape.
     """
-    valid = mask.astype(bool).reshape(-1)
-    flat_x = x.reshape(-1)
-    seg_max, seg_sum = _segment_ops(ids.reshape(-1), num_segments)
-    pivot = seg_max(jnp.where(valid, flat_x, -jnp.inf))
-    shifted = jnp.where(valid, flat_x - pivot, 0.0)
-    count = seg_sum(valid.astype(x.dtype))
+    dev, shifted, count, _ = _group_stats(x, ids, mask, num_segments, squares=False)
+    return dev, shifted, count
+
+
+def _group_stats(x, ids, mask, num_segments, *, squares):
+    """(dev, shifted, count, sum of dev^2 or None) per element, in three segment passes.
+
+    Scatters are the expensive op on CPU, so sums that share ids travel in one scatter
+    ([N, 2] updates), and the squares ride with the correction pass: with d1 the first-pass
+    deviation and c = mean(d1), sum (d1 - c)^2 = sum d1^2 - n c^2.
+    """
+    valid = mask.astype(bool)
+    seg_max, seg_sum = _segment_ops(ids, num_segments, x.shape)
+    pivot = seg_max(jnp.where(valid, x, -jnp.inf))
+    shifted = jnp.where(valid, x - pivot, 0.0)
+    total, count = seg_sum(shifted, valid.astype(x.dtype))
     inv_count = 1.0 / jnp.maximum(count, 1.0)
-    dev = jnp.where(valid, shifted - seg_sum(shifted) * inv_count, 0.0)
+    dev = jnp.where(valid, shifted - total * inv_count, 0.0)
     # Corrected two-pass mean: the residual of the first pass removes its rounding error.
-    dev = jnp.where(valid, dev - seg_sum(dev) * inv_count, 0.0)
-    return dev.reshape(x.shape), shifted.reshape(x.shape), count.reshape(x.shape)
+    if squares:
+        resid, sq = seg_sum(dev, dev * dev)
+        sq = jnp.maximum(sq - resid * resid * inv_count, 0.0)
+    else:
+        (resid,), sq = seg_sum(dev), None
+    dev = jnp.where(valid, dev - resid * inv_count, 0.0)
+    return dev, shifted, count, sq
 
 
-def _segment_ops(flat_ids: jax.Array, num_segments: int):
-    """(max, sum) over each element's segment, given back per element.
+def _segment_ops(ids: jax.Array, num_segments: int, shape: tuple[int, ...]):
+    """(max, sum) over each element's segment, given back per element of ``shape``.
 
+    ``sum`` takes several arrays and returns their segment sums as a tuple (one scatter).
     A single segment uses plain reductions (pairwise summation: more exact) and broadcasts.
+    Row ids ([B] for [B, S] values) reduce each row densely first, so the scatter has B
+    updates instead of B * S.
     """
     if num_segments == 1:
-        return (
-            lambda x: jnp.broadcast_to(jnp.max(x), x.shape),
-            lambda x: jnp.broadcast_to(jnp.sum(x), x.shape),
-        )
-    return (
-        lambda x: jax.ops.segment_max(x, flat_ids, num_segments=num_segments)[flat_ids],
-        lambda x: jax.ops.segment_sum(x, flat_ids, num_segments=num_segments)[flat_ids],
-    )
+
+        def seg_max(x):
+            return jnp.broadcast_to(jnp.max(x), shape)
+
+        def seg_sum(*xs):
+            return tuple(jnp.broadcast_to(jnp.sum(x), shape) for x in xs)
+
+        return seg_max, seg_sum
+    rows = ids.ndim == 1 and len(shape) == 2
+    flat_ids = ids if rows else ids.reshape(-1)
+
+    def spread(y):  # [num_segments, ...] -> per element of shape
+        y = y[flat_ids]
+        return jnp.broadcast_to(y[:, None], shape) if rows else y.reshape(shape)
+
+    def seg_max(x):
+        x = jnp.max(x, axis=1) if rows else x.reshape(-1)
+        return spread(jax.ops.segment_max(x, flat_ids, num_segments=num_segments))
+
+    def seg_sum(*xs):
+        parts = [jnp.sum(x, axis=1) if rows else x.reshape(-1) for x in xs]
+        if len(parts) == 1:
+            return (spread(jax.ops.segment_sum(parts[0], flat_ids, num_segments=num_segments)),)
+        sums = jax.ops.segment_sum(jnp.stack(parts, axis=-1), flat_ids, num_segments=num_segments)
+        return tuple(spread(sums[:, i]) for i in range(len(parts)))
+
+    return seg_max, seg_sum
 
 
 def group_normalize(
@@ -78,7 +116,7 @@ def group_normalize(
     elements get 0.
 
     Args:
-      x: values, any shape; ids, mask: same shape (see :func:`group_deviation`).
+      x: values, any shape; ids, mask: see :func:`group_deviation` (element or row ids).
       num_segments: static bound on the number of groups.
       norm_by_std: divide by the group's std (GRPO) or only subtract the mean (Dr. GRPO).
       eps: added to the std.
@@ -86,11 +124,10 @@ def group_normalize(
     Returns:
       The normalised values, x's shape.
     """
-    dev, _, count = group_deviation(x, ids, mask, num_segments)
+    dev, _, count, sq = _group_stats(x, ids, mask, num_segments, squares=norm_by_std)
     if not norm_by_std:
         return dev
-    sq = _segment_ops(ids.reshape(-1), num_segments)[1]((dev * dev).reshape(-1))
-    var = sq.reshape(x.shape) / jnp.maximum(count - 1.0, 1.0)
+    var = sq / jnp.maximum(count - 1.0, 1.0)
     return dev / (jnp.sqrt(var) + eps)
 
 

@@ -5,6 +5,8 @@ See ``agentrl_jax.sampling`` for the API overview and ``loop.run_turn`` for what
 
 from __future__ import annotations
 
+import contextlib
+import functools
 from collections.abc import Sequence
 
 import flax.struct
@@ -12,7 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
+from agentrl_jax import sharding
 from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.sampling.loop import TurnArrays, run_turn
@@ -65,6 +69,9 @@ class Sampler:
       cache_buckets: allowed cache sizes (default: the same rule from 64).
       width_buckets: allowed widths of a turn's output, i.e. its largest max_new_tokens
         (default: the same rule from 1).
+      mesh: the device mesh the policy is sharded on (``agentrl_jax.sharding``); caches are
+        then created sharded by its rules (batch over data and fsdp, kv heads over tp) and each
+        turn is traced under the mesh. None: everything on the default device.
     """
 
     def __init__(
@@ -77,6 +84,7 @@ class Sampler:
         chunk_buckets: Sequence[int] | None = None,
         cache_buckets: Sequence[int] | None = None,
         width_buckets: Sequence[int] | None = None,
+        mesh: Mesh | None = None,
     ):
         if isinstance(model, nnx.Module):
             self.cfg = model.cfg
@@ -86,6 +94,7 @@ class Sampler:
             self.cfg = nnx.merge(self.graphdef, self.state).cfg
         self.sampling = sampling
         self.stop = stop
+        self.mesh = mesh
         self.pad_id = int(pad_id)
         self.chunk_buckets = bk.check_buckets(
             chunk_buckets or bk.default_buckets(16), what="chunk_buckets"
@@ -114,7 +123,12 @@ class Sampler:
         if batch < 1:
             raise ValueError(f"batch={batch}: expected >= 1")
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
-        return KVCache.create(self.cfg, batch, size)
+        if self.mesh is None:
+            return KVCache.create(self.cfg, batch, size)
+        # Created in place, each device holding only its shard.
+        create = functools.partial(KVCache.create, self.cfg, batch, size)
+        shardings = sharding.kv_cache_shardings(jax.eval_shape(create), self.mesh)
+        return jax.jit(create, out_shardings=shardings)()
 
     def grow(self, cache: KVCache, cache_size: int) -> KVCache:
         """A copy of ``cache`` with room for ``cache_size`` tokens per row (rounded to a bucket)."""
@@ -158,7 +172,8 @@ class Sampler:
         chunk_bt, num_new_b, max_new_b = self._check_and_pad(cache, new_tokens, max_new_tokens)
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
         fn = self._turn_fn(sampling, width)
-        out, cache = fn(self.state, cache, chunk_bt, num_new_b, max_new_b, rng)
+        with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
+            out, cache = fn(self.state, cache, chunk_bt, num_new_b, max_new_b, rng)
         return TurnOutput(
             tokens=out.tokens,
             logprobs=out.logprobs,
@@ -190,7 +205,7 @@ class Sampler:
 
             def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng):
                 self.num_traces += 1  # Python side effect: runs only while tracing.
-                return run_turn(
+                out, new_cache = run_turn(
                     self.graphdef,
                     state,
                     cache,
@@ -203,6 +218,11 @@ class Sampler:
                     stop=self.stop,
                     pad_id=self.pad_id,
                 )
+                if self.mesh is not None:
+                    # The new cache keeps the donated one's layout, so its buffers can be reused.
+                    layout = sharding.kv_cache_shardings(cache, self.mesh)
+                    new_cache = jax.lax.with_sharding_constraint(new_cache, layout)
+                return out, new_cache
 
             # The cache is donated: it is the largest buffer (layers x batch x slots) and each
             # turn returns its updated copy, so XLA writes the new keys/values in place instead

@@ -1,18 +1,15 @@
-"""Test helpers: a small random policy built without compiling, and a teacher-forced reference.
-
-Random weights come from numpy rather than the model's jitted initialisers: on a loaded 2-core
-machine compiling the initialiser costs more than the whole test it serves.
-"""
+"""Test helpers: a small random policy (numpy weights, no compilation; see
+``agentrl_jax.models.testing.random_model``) and a teacher-forced reference."""
 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen2 import Qwen2ForCausalLM
+from agentrl_jax.models.testing import random_model
 
 SMALL = ModelConfig(
     vocab_size=256,
@@ -29,19 +26,12 @@ SMALL = ModelConfig(
 def random_policy(
     cfg: ModelConfig = SMALL, *, seed: int = 0, std: float = 0.08
 ) -> Qwen2ForCausalLM:
-    """A policy with N(0, std) weights and biases and N(1, std) norm scales.
+    """A policy with N(0, std) weights and N(1, std) norm scales, built without compiling.
 
     The default std (4x the usual 0.02) makes next-token distributions peaked, so top-k/top-p
     and stopping checks are not vacuous on an otherwise near-uniform random model.
     """
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))))
-    rng = np.random.default_rng(seed)
-
-    def draw(path, leaf):
-        mean = 1.0 if any("norm" in str(p) for p in path) else 0.0
-        return jnp.asarray(rng.normal(mean, std, leaf.shape).astype(leaf.dtype))
-
-    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(draw, abstract))
+    return random_model(Qwen2ForCausalLM, cfg, seed=seed, std=std)
 
 
 class TeacherForcer:

@@ -101,6 +101,20 @@ class EvalResult:
     def success_rate(self) -> float:
         return self.overall.success_rate
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> EvalResult:
+        """Inverts ``to_json`` (reports kept in checkpoint metadata come back as results)."""
+
+        def stats(d: dict[str, Any]) -> Stats:
+            return Stats(**{k: float("nan") if v is None else v for k, v in d.items()})
+
+        return cls(
+            overall=stats(data["overall"]),
+            per_type={k: stats(v) for k, v in data["per_type"].items()},
+            greedy=bool(data["greedy"]),
+            num_tasks=int(data["num_tasks"]),
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "greedy": self.greedy,

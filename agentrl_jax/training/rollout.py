@@ -178,7 +178,7 @@ class RolloutWorker:
                 actions_ids = [
                     self._expert_ids(t.steps[-1].info) if f else [] for t, f in zip(trajs, feed)
                 ]
-                logprobs = np.zeros((len(episodes), cfg.max_new_tokens + 1), np.float32)
+                logprobs = np.zeros((len(episodes), max(map(len, actions_ids)) + 1), np.float32)
             else:
                 if cfg.context_mode == "step":
                     cache = self.sampler.start(len(episodes), cfg.max_seq_len)
@@ -252,7 +252,8 @@ class RolloutWorker:
                 "expert rollout: the environment gave no expert_action; expert demonstrations "
                 "need an env with an expert (TextWorld, ALFWorld)"
             )
-        ids = self.tokenizer.encode(action, add_special_tokens=False)[: self.config.max_new_tokens]
+        # Never cut: a cut command would be a different command to the env (and a lost demo).
+        ids = self.tokenizer.encode(action, add_special_tokens=False)
         return ids + [self.template.stop_id(self.tokenizer)]
 
     def _decode_action(self, ids: list[int]) -> str:
@@ -270,4 +271,5 @@ def _empty_step(info) -> Step:
 
 
 def _step_info(info) -> dict:
-    return {k: info[k] for k in ("won", "invalid_action", "score", "max_score") if k in info}
+    keys = ("won", "invalid_action", "score", "max_score", "task_type")
+    return {k: info[k] for k in keys if k in info}

@@ -24,9 +24,14 @@ the next, so it is not offered.
 
 Order: grain shuffles the examples with the seed, a fresh permutation each epoch (grain derives
 epoch e's permutation from ``seed + e``); batches never straddle two epochs, so every epoch sees
-every example exactly once. The pipeline is index-based (``grain.MapDataset``), so an iterator's
-state is just the next batch index: ``get_state()`` / ``set_state()`` (or ``iterator(state)``)
-resume mid-epoch with exactly the batches an uninterrupted run would have seen.
+every example exactly once. With ``group_by_length=W`` each window of W batches' worth of
+shuffled examples is sorted by length before it is cut into batches, and the epoch's batches are
+then shuffled (numpy, seeded by (seed, epoch)): much less padding, still a random order.
+
+Resuming: the pipeline is index-based (``grain.MapDataset``; batch i is a pure function of the
+seed and i), so an iterator's state is just the next batch index: ``get_state()`` /
+``set_state()`` (or ``iterator(state)``) resume mid-epoch with exactly the batches an
+uninterrupted run would have seen.
 """
 
 from __future__ import annotations
@@ -58,6 +63,10 @@ class SftDataConfig:
       seed: the shuffle seed (0 <= seed < 2**32).
       shuffle: False keeps the examples' order (tests, evaluation of the SFT loss).
       drop_remainder: drop each epoch's short last batch instead of filling it.
+      group_by_length: 0 or 1: batches are drawn from the shuffled order as it is. W > 1: each
+        window of W batches' worth of shuffled examples is sorted by length before it is cut
+        into batches (then the batches of the epoch are shuffled), so rows of a batch have
+        similar lengths and less padding; the order stays random across windows.
       read_threads: threads that build batches ahead of the trainer (0: build on demand).
       prefetch: batches built ahead at most (grain's default of 500 would hold hundreds of
         padded batches in memory and compete with the update for the CPU).
@@ -69,6 +78,7 @@ class SftDataConfig:
     seed: int = 0
     shuffle: bool = True
     drop_remainder: bool = False
+    group_by_length: int = 0
     read_threads: int = 1
     prefetch: int = 4
 
@@ -85,6 +95,11 @@ class SftDataConfig:
         if self.num_epochs is not None and self.num_epochs < 1:
             raise ValueError(
                 f"SftDataConfig.num_epochs is {self.num_epochs}; expected >= 1 or None (forever)"
+            )
+        if self.group_by_length < 0:
+            raise ValueError(
+                f"SftDataConfig.group_by_length is {self.group_by_length}; expected >= 0 "
+                "(0 or 1: off; W: sort windows of W batches by length)"
             )
         if self.read_threads < 0 or self.prefetch < 0:
             raise ValueError(
@@ -250,22 +265,70 @@ class SftDataset:
         self.examples = list(examples)
         self.config = config
         self.pad_id = pad_id
+        self._collate = functools.partial(
+            collate, batch_size=config.batch_size, buckets=config.buckets, pad_id=pad_id
+        )
+        if config.group_by_length > 1:
+            self.dataset = self._grouped_dataset()
+            return
         ds = grain.MapDataset.source(self.examples)
         if config.shuffle:
             ds = ds.shuffle(seed=config.seed)
-        batch_fn = functools.partial(
-            collate, batch_size=config.batch_size, buckets=config.buckets, pad_id=pad_id
+        ds = ds.batch(
+            config.batch_size, drop_remainder=config.drop_remainder, batch_fn=self._collate
         )
-        ds = ds.batch(config.batch_size, drop_remainder=config.drop_remainder, batch_fn=batch_fn)
-        if len(ds) == 0:
-            raise ValueError(
-                f"{len(self.examples)} examples make no batch of {config.batch_size} with "
-                "drop_remainder=True; lower SftDataConfig.batch_size"
-            )
+        self._check_batches(len(ds))
         self.batches_per_epoch = len(ds)
         # Batching before repeating keeps every batch inside one epoch; grain's shuffle draws a
         # new permutation for each epoch (its index space continues past the first epoch).
         self.dataset: grain.MapDataset = ds.repeat(config.num_epochs)
+
+    def _check_batches(self, count: int) -> None:
+        if count == 0:
+            raise ValueError(
+                f"{len(self.examples)} examples make no batch of {self.config.batch_size} with "
+                "drop_remainder=True; lower SftDataConfig.batch_size"
+            )
+
+    def _grouped_dataset(self) -> grain.MapDataset:
+        """Length-grouped batches, still index-based: batch i of the run is a pure function of
+        (seed, i), so the iterator state stays the next index and resuming stays exact."""
+        cfg = self.config
+        n, b = len(self.examples), cfg.batch_size
+        self.batches_per_epoch = n // b if cfg.drop_remainder else -(-n // b)
+        self._check_batches(self.batches_per_epoch)
+        self._lengths = np.asarray([len(e["tokens"]) for e in self.examples])
+        self._plans: dict[int, list[np.ndarray]] = {}
+        ds = grain.MapDataset.range(self.batches_per_epoch).repeat(cfg.num_epochs)
+        return ds.map_with_index(lambda i, _: self._grouped_batch(i))
+
+    def _epoch_plan(self, epoch: int) -> list[np.ndarray]:
+        """The batches (example indices) of one epoch: shuffle, sort windows, cut, shuffle."""
+        plan = self._plans.get(epoch)
+        if plan is None:
+            cfg = self.config
+            rng = np.random.default_rng([cfg.seed, epoch])
+            n, b = len(self.examples), cfg.batch_size
+            order = rng.permutation(n) if cfg.shuffle else np.arange(n)
+            window = b * cfg.group_by_length
+            batches = []
+            for start in range(0, n, window):
+                chunk = order[start : start + window]
+                chunk = chunk[np.argsort(self._lengths[chunk], kind="stable")]
+                batches += [chunk[k : k + b] for k in range(0, len(chunk), b)]
+            if cfg.drop_remainder:
+                batches = [x for x in batches if len(x) == b]
+            if cfg.shuffle:
+                batches = [batches[k] for k in rng.permutation(len(batches))]
+            plan = batches
+            # Reader threads may straddle an epoch boundary: keep this epoch and the one before
+            # (a new dict each time, so a concurrent reader never sees a half-updated one).
+            self._plans = {e: p for e, p in self._plans.items() if e == epoch - 1} | {epoch: plan}
+        return plan
+
+    def _grouped_batch(self, index: int) -> dict[str, np.ndarray]:
+        epoch, k = divmod(index, self.batches_per_epoch)
+        return self._collate([self.examples[i] for i in self._epoch_plan(epoch)[k]])
 
     def __len__(self) -> int:
         """Batches in all epochs (sys.maxsize when repeating forever)."""

@@ -3,7 +3,9 @@
 A level names a slice of tasks: a TextWorld game spec (``simple``, ``medium``, ``hard``,
 ``custom:R,O,Q`` or a challenge), an ALFWorld task type (or ``all``). Train and evaluation tasks
 come from disjoint splits (TextWorld: disjoint seed ranges; ALFWorld: train vs valid_seen /
-valid_unseen). An evaluation level may name its split: ``all@valid_seen``.
+valid_unseen; SWE: a fixed fifth of a JSONL file's instances, chosen by a hash of the instance
+id, is the ``eval`` split and the rest ``train``). An evaluation level may name its split:
+``all@valid_seen``. SWE levels are ``all`` or a repository name.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 from agentrl_jax.envs.base import Task
 
-EVAL_SPLIT = {"textworld": "valid", "alfworld": "valid_unseen"}
+EVAL_SPLIT = {"textworld": "valid", "alfworld": "valid_unseen", "swe": "eval"}
 
 
 def make_tasks(
@@ -30,19 +32,25 @@ def make_tasks(
         types = None if level == "all" else (level,)
         ids = alfworld_data.list_task_ids(root, split, types)
         return [Task(env="alfworld", split=split, id=i) for i in ids[:count]]
-    raise ValueError(f"config.env.name={env!r} has no task source; valid: textworld, alfworld")
+    if env == "swe":
+        from agentrl_jax.envs.base import stable_key
+        from agentrl_jax.swe.tasks import load_jsonl
+
+        path = (env_kwargs or {}).get("path")
+        if not path:
+            raise ValueError(
+                "config.env.kwargs.path is missing: the SWE env needs the tasks.jsonl written "
+                "by `python -m launch.make_swe_tasks` (or a SWE-Gym JSONL)"
+            )
+        if split not in ("train", "eval"):
+            raise ValueError(f"SWE split {split!r}: expected 'train' or 'eval'")
+        records = [t for t in load_jsonl(path) if level in ("all", t.repo)]
+        chosen = [t for t in records if (stable_key(t.instance_id) % 5 == 0) == (split == "eval")]
+        return [Task(env="swe", split=split, id=t.instance_id) for t in chosen[:count]]
+    raise ValueError(f"config.env.name={env!r} has no task source; valid: textworld, alfworld, swe")
 
 
 def parse_level(level: str, default_split: str) -> tuple[str, str]:
     """``'all@valid_seen'`` -> ('all', 'valid_seen'); a bare level gets ``default_split``."""
     name, _, split = level.partition("@")
     return name, split or default_split
-
-
-def task_type(task: Task) -> str:
-    """The category success is reported by: the game spec, or the ALFWorld task type."""
-    if task.env == "alfworld":
-        from agentrl_jax.envs.alfworld_data import task_type_of
-
-        return task_type_of(task.id)
-    return str(task.param("spec") or task.id.split("/", 1)[0])

@@ -29,16 +29,18 @@ from agentrl_jax import kernels
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
-from agentrl_jax.sampling import GREEDY, Sampler, SamplingParams, StopConfig
+from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
-from agentrl_jax.training import rl_batch
+from agentrl_jax.training import budget as budget_lib
+from agentrl_jax.training import evaluate as evaluation
+from agentrl_jax.training import rl_batch, sft_data
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
 from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.curriculum import Curriculum
 from agentrl_jax.training.learner import Learner, LossWeights
 from agentrl_jax.training.rollout import RolloutWorker, render_observation
-from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, task_type
+from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
 
@@ -114,6 +116,15 @@ class Trainer:
             self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
         )
         self.learner = self._learner()
+        self.budget = budget_lib.from_config(cfg.budget)
+        sft_tx = optax.chain(
+            optax.clip_by_global_norm(cfg.rl.max_grad_norm),
+            optax.adam(
+                optax.linear_schedule(0.0, cfg.sft.learning_rate, max(cfg.sft.warmup_steps, 1))
+            ),
+        )
+        self.sft_learner = Learner(self.policy, None, sft_tx)
+        self.sft_state = None
         self.checkpointer = Checkpointer(
             os.path.join(self.workdir, "checkpoints"),
             keep_last=cfg.checkpoint.keep_last,
@@ -184,13 +195,10 @@ class Trainer:
             from agentrl_jax.models.hf_checkpoint import load_hf_model
 
             return load_hf_model(cfg.checkpoint, mesh=self.mesh, dtype=dtype, remat=cfg.remat)
-        vocab = len(self.tokenizer)
-        model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat, **dict(cfg.overrides))
-        if vocab > model_cfg.vocab_size:
-            raise ValueError(
-                f"the tokenizer has {vocab} tokens; preset {cfg.preset!r} has vocab_size "
-                f"{model_cfg.vocab_size} (lower config.model.tokenizer_vocab)"
-            )
+        # A fresh model gets exactly the tokenizer's vocabulary, so it can never sample an id
+        # the tokenizer cannot decode.
+        overrides = {"vocab_size": len(self.tokenizer), **dict(cfg.overrides)}
+        model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat, **overrides)
         # One compiled initialiser, each parameter created in its layout on the mesh.
         seed = self.config.seed
         return create_sharded_model(
@@ -229,33 +237,45 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _state_tree(self) -> dict[str, Any]:
+        if self.meta["phase"] == "sft":
+            return {"train": self.sft_state}
         tree = {"train": self.state}
         if self.ref_policy is not None:
             tree["ref"] = self.ref_policy
         return tree
 
-    def save(self, step: int, metrics: dict[str, float] | None = None) -> None:
+    def save(self, metrics: dict[str, float] | None = None) -> None:
+        """Checkpoints everything; checkpoints are numbered in order (``meta['checkpoint']``)."""
+        self.meta["checkpoint"] = int(self.meta.get("checkpoint", -1)) + 1
         meta = dict(
             self.meta,
             curriculum=self.curriculum.state_dict(),
             has_ref=self.ref_policy is not None,
         )
-        self.checkpointer.save(step, self._state_tree(), meta, metrics)
+        self.checkpointer.save(self.meta["checkpoint"], self._state_tree(), meta, metrics)
 
     def restore(self) -> bool:
         """Restores the newest checkpoint, if any; returns whether it did."""
         step = self.checkpointer.latest_step()
         if step is None:
             return False
-        # The JSON meta says which items the state tree holds (the reference policy exists
-        # only after SFT), so the abstract tree to restore into can be built first.
-        template = {"train": self.state}
-        if self._read_meta(step).get("has_ref"):
-            template["ref"] = self.state.policy
+        # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state
+        # and, after SFT, the frozen reference), so the abstract tree can be built first.
+        saved = self._read_meta(step)
+        if saved["phase"] == "sft":
+            template = {"train": self.sft_learner.init(self.policy, mesh=self.mesh)}
+        else:
+            template = {"train": self.state}
+            if saved.get("has_ref"):
+                template["ref"] = self.state.policy
         state, meta = self.checkpointer.restore(step, template)
-        self.state = state["train"]
-        self.ref_policy = state.get("ref")
+        if saved["phase"] == "sft":
+            self.sft_state = state["train"]
+        else:
+            self.state = state["train"]
+            self.ref_policy = state.get("ref")
         self.curriculum.load_state_dict(meta.pop("curriculum"))
+        meta.pop("has_ref", None)
         self.meta = meta
         logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
         return True
@@ -277,21 +297,14 @@ class Trainer:
         return self.meta["evals"]
 
     def num_rl_iterations(self) -> int:
-        """RL iterations the budget pays for: (1 - sft_fraction) * total episodes."""
-        cfg = self.config
-        episodes = int(cfg.budget.total * (1.0 - cfg.budget.sft_fraction))
-        per_iteration = cfg.rl.tasks_per_iteration * cfg.rollout.group_size
-        return episodes // per_iteration
-
-    def num_demonstrations(self) -> int:
-        """SFT demonstrations the budget pays for (each costs 10 units)."""
-        cfg = self.config
-        return int(cfg.budget.total * cfg.budget.sft_fraction) // 10
+        """RL iterations the budget's RL episodes pay for."""
+        per_iteration = self.config.rl.tasks_per_iteration * self.config.rollout.group_size
+        return self.budget.rl_iterations(per_iteration)
 
     def demonstrations(self) -> list[Trajectory]:
         """Expert episodes on train tasks drawn from the curriculum's first stage (won ones)."""
         cfg = self.config
-        n = self.num_demonstrations()
+        n = self.budget.num_demos
         np_rng = np.random.default_rng([cfg.seed, 7])
         levels = Curriculum(cfg.curriculum).sample_levels(n, np_rng)
         tasks = [self.train_tasks[lv][i % len(self.train_tasks[lv])] for i, lv in enumerate(levels)]
@@ -301,46 +314,55 @@ class Trainer:
         return won
 
     def run_sft(self) -> None:
+        """SFT on expert demonstrations (grain pipeline), checkpointed at each epoch's end."""
         cfg = self.config
         demos = self.demonstrations()
+        pad = self.tokenizer.pad_token_id
         if demos:
-            sft_tx = optax.chain(
-                optax.clip_by_global_norm(cfg.rl.max_grad_norm),
-                optax.adam(
-                    optax.linear_schedule(0.0, cfg.sft.learning_rate, max(cfg.sft.warmup_steps, 1))
-                ),
+            examples, stats = sft_data.demonstration_examples(
+                demos, cfg.rollout.context_mode, pad_id=pad, max_len=cfg.rollout.max_seq_len
             )
-            sft = Learner(self.policy, None, sft_tx)
-            state = sft.init(self.policy, mesh=self.mesh)
-            np_rng = np.random.default_rng([cfg.seed, 8])
-            step = 0
+            logging.info("SFT data: %s", stats)
+            buckets = tuple(b for b in sft_data.DEFAULT_BUCKETS if b < cfg.rollout.max_seq_len)
+            dataset = sft_data.SftDataset(
+                examples,
+                sft_data.SftDataConfig(
+                    batch_size=cfg.sft.batch_size,
+                    buckets=(*buckets, cfg.rollout.max_seq_len),
+                    num_epochs=cfg.sft.epochs,
+                    seed=cfg.seed,
+                ),
+                pad,
+            )
+            if self.sft_state is None:
+                self.sft_state = self.sft_learner.init(self.policy, mesh=self.mesh)
+            iterator = dataset.iterator(self.meta.get("sft_iterator"))
             from tqdm.auto import tqdm
 
-            bs = cfg.sft.batch_size
-            bar = tqdm(total=cfg.sft.epochs * -(-len(demos) // bs), desc="sft")
-            for _ in range(cfg.sft.epochs):
-                order = np_rng.permutation(len(demos))
-                for i in range(0, len(order), bs):
-                    chunk = [demos[j] for j in order[i : i + bs]]
-                    # A short last batch is padded with empty rows: one shape per length bucket.
-                    rows = rl_batch.build_rows(
-                        chunk, cfg.rollout.context_mode, self.tokenizer.pad_token_id, bs
-                    ).rows
-                    mb = {"tokens": rows.tokens, "mask": rows.mask, "loss_mask": rows.loss_mask}
-                    state, m = sft.sft_step(state, sft.place_batch(mb))
-                    step += 1
-                    self.writer.scalars({k: float(v) for k, v in m.items()}, step)
-                    bar.update()
-            bar.close()
-            nnx.update(self.policy, state.policy)
+            total = dataset.batches_per_epoch * cfg.sft.epochs
+            done = int(self.sft_state.step)
+            for batch in tqdm(iterator, desc="sft", initial=done, total=total):
+                batch = {k: batch[k] for k in sft_data.BATCH_KEYS}
+                self.sft_state, m = self.sft_learner.sft_step(
+                    self.sft_state, self.sft_learner.place_batch(batch)
+                )
+                step = int(self.sft_state.step)
+                self.writer.scalars({k: float(v) for k, v in m.items()}, step)
+                if step % dataset.batches_per_epoch == 0 and step < total:
+                    self.meta["sft_iterator"] = iterator.get_state()
+                    self.save()
+            nnx.update(self.policy, self.sft_state.policy)
             if self.critic is not None:
+                # The critic's trunk starts from the SFT policy's.
                 self.critic = Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))
             self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
+        self.sft_state = None
         metrics = self.evaluate("after_sft")
         self.writer.scalars(metrics, 0)
         self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
         self.meta["phase"] = "rl"
-        self.save(0, metrics)
+        self.meta.pop("sft_iterator", None)
+        self.save(metrics)
 
     def run_rl(self) -> None:
         cfg = self.config
@@ -370,7 +392,7 @@ class Trainer:
                 )
                 continue
             if last or (it + 1) % cfg.checkpoint.every == 0:
-                self.save(it + 1, metrics)
+                self.save(metrics)
         if total == start:
             self.meta["phase"] = "done"
 
@@ -520,26 +542,38 @@ class Trainer:
         return out
 
     def evaluate(self, name: str) -> dict[str, float]:
-        """Greedy episodes on every held-out level; records and returns success rates."""
+        """Greedy episodes on every held-out level: reports under workdir/eval, metrics back."""
         self.sampler.set_state(self.state.policy)
         out, report = {}, {}
         for level, tasks in self.eval_tasks.items():
-            trajs = self.worker.run(tasks, jax.random.key(0), sampling=GREEDY, group_size=1)
-            good = [t for t in trajs if not t.infra_failure]
-            rate = float(np.mean([t.won for t in good])) if good else 0.0
-            steps = float(np.mean([len(t.steps) for t in good])) if good else 0.0
-            report[level] = {"success_rate": rate, "mean_steps": steps, "episodes": len(good)}
-            out[f"eval/{level}/success_rate"] = rate
-            out[f"eval/{level}/mean_steps"] = steps
-            by_type: dict[str, list[bool]] = {}
-            for t in good:
-                by_type.setdefault(task_type(t.task), []).append(t.won)
-            report[level]["by_type"] = {k: float(np.mean(v)) for k, v in by_type.items()}
-        first = next(iter(self.eval_tasks))
-        out["eval/success_rate"] = out[f"eval/{first}/success_rate"]
+            result = evaluation.evaluate(self.worker, tasks, jax.random.key(0), greedy=True)
+            evaluation.write_report(
+                result, os.path.join(self.workdir, "eval"), f"{name}_{level.replace('@', '_')}"
+            )
+            report[level] = result.to_json()
+            overall = result.overall
+            out[f"eval/{level}/success_rate"] = overall.success_rate
+            out[f"eval/{level}/mean_steps"] = overall.mean_steps
+            out[f"eval/{level}/mean_return"] = overall.mean_return
+        out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.meta["evals"][name] = report
-        logging.info("eval %s: %s", name, json.dumps(report))
+        logging.info("eval %s: %s", name, {k: round(v, 3) for k, v in out.items()})
         return out
+
+    def before_after(self) -> str:
+        """The held-out success table after SFT alone and after RL (markdown)."""
+        evals = self.meta["evals"]
+        if "after_sft" not in evals or "after_rl" not in evals:
+            return "(no before/after table: the run has no evaluation after SFT and after RL)"
+        rows = [
+            (
+                level,
+                evaluation.EvalResult.from_json(evals["after_sft"][level]),
+                evaluation.EvalResult.from_json(evals["after_rl"][level]),
+            )
+            for level in self.eval_tasks
+        ]
+        return evaluation.before_after_table(rows)
 
     def close(self) -> None:
         self.checkpointer.close()

@@ -1,0 +1,48 @@
+"""The sampler on a (data, fsdp, tp) = (2, 2, 2) mesh of fake CPU devices gives the same turns as
+on one device, with the cache really sharded."""
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentrl_jax import sharding
+from agentrl_jax.models import Qwen2ForCausalLM
+from agentrl_jax.models.testing import random_model
+from agentrl_jax.sampling import GREEDY, Sampler, StopConfig
+from agentrl_jax.sampling.testing import SMALL
+
+BUCKETS = dict(cache_buckets=[64], chunk_buckets=[16], width_buckets=[8])
+
+
+def test_sharded_turns_equal_single_device():
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
+    mesh = sharding.make_mesh((2, 2, 2))
+    single = random_model(Qwen2ForCausalLM, SMALL, seed=4)
+    sharded = random_model(Qwen2ForCausalLM, SMALL, seed=4, mesh=mesh)
+    stop = StopConfig(eos_ids=(7,))
+    rng = np.random.default_rng(0)
+    turns = [
+        [rng.integers(1, SMALL.vocab_size, n).tolist() for n in lengths]
+        for lengths in ([5, 12, 1, 9], [3, 0, 7, 2])
+    ]
+    outs = []
+    for model, mesh_arg in ((single, None), (sharded, mesh)):
+        sampler = Sampler(model, sampling=GREEDY, stop=stop, mesh=mesh_arg, **BUCKETS)
+        cache, turn_outs = sampler.start(4, 64), []
+        for t, new in enumerate(turns):
+            out = sampler.step_turn(cache, new, 8, jax.random.key(t))
+            assert cache.k.is_deleted()  # donated, also when sharded
+            cache = out.cache  # the next turn donates it: read its lengths now
+            turn_outs.append((out, np.asarray(cache.lengths)))
+        outs.append(turn_outs)
+    spec = cache.k.sharding.spec
+    assert spec[1] == ("data", "fsdp") and spec[3] == "tp", spec
+    assert nnx.state(sharded)["trunk"]["embed_vd"][...].sharding.mesh == mesh
+    for (ref, ref_lengths), (got, got_lengths) in zip(*outs):
+        assert got.token_lists() == ref.token_lists()
+        np.testing.assert_allclose(
+            np.asarray(got.policy_logprobs), np.asarray(ref.policy_logprobs), rtol=0, atol=1e-5
+        )
+        np.testing.assert_array_equal(got_lengths, ref_lengths)

@@ -1,0 +1,60 @@
+"""Task sources: train and evaluation splits never overlap, for every env family."""
+
+import json
+
+import pytest
+
+from agentrl_jax.training.tasks import make_tasks, parse_level
+
+RECORD = {
+    "repo": "local/toy",
+    "base_commit": "abc",
+    "problem_statement": "a test fails",
+    "patch": "",
+    "test_patch": "",
+    "FAIL_TO_PASS": ["tests/test_x.py::test_a"],
+    "PASS_TO_PASS": [],
+}
+
+
+def test_swe_splits_are_a_disjoint_fixed_partition(tmp_path):
+    path = tmp_path / "tasks.jsonl"
+    with open(path, "w") as f:
+        for i in range(50):
+            repo = "local/toy" if i % 2 else "local/other"
+            f.write(json.dumps({**RECORD, "instance_id": f"toy__{i}", "repo": repo}) + "\n")
+    kwargs = {"path": str(path)}
+    train = make_tasks("swe", "all", "train", 1000, kwargs)
+    evaluation = make_tasks("swe", "all", "eval", 1000, kwargs)
+    assert len(train) + len(evaluation) == 50 and 3 <= len(evaluation) <= 20
+    assert not {t.id for t in train} & {t.id for t in evaluation}
+    assert make_tasks("swe", "all", "eval", 1000, kwargs) == evaluation  # stable
+    toy = make_tasks("swe", "local/toy", "train", 1000, kwargs)
+    assert toy and all(int(t.id.split("__")[1]) % 2 for t in toy)
+    with pytest.raises(ValueError, match="config.env.kwargs.path is missing"):
+        make_tasks("swe", "all", "train", 1, {})
+
+
+def test_alfworld_levels_are_task_types_and_splits_are_the_benchmarks(shared_data):
+    kwargs = {"data_dir": str(shared_data / "alfworld")}
+    heat = make_tasks("alfworld", "pick_heat_then_place_in_recep", "valid_unseen", 1000, kwargs)
+    assert heat and all(t.id.startswith("pick_heat_then_place_in_recep") for t in heat)
+    assert len(make_tasks("alfworld", "all", "valid_unseen", 1000, kwargs)) == 134
+    assert len(make_tasks("alfworld", "all", "valid_seen", 1000, kwargs)) == 140
+
+
+def test_textworld_train_and_eval_games_differ(textworld_games, monkeypatch):
+    monkeypatch.setenv("AGENTRL_CACHE", str(textworld_games["root"]))
+    train = make_tasks("textworld", "simple", "train", 3)
+    valid = make_tasks("textworld", "simple", "valid", 1)
+    assert {t.param("seed") for t in train}.isdisjoint({t.param("seed") for t in valid})
+
+
+def test_level_may_name_its_split():
+    assert parse_level("all@valid_seen", "valid_unseen") == ("all", "valid_seen")
+    assert parse_level("simple", "valid") == ("simple", "valid")
+
+
+def test_unknown_env_lists_the_valid_ones():
+    with pytest.raises(ValueError, match="valid: textworld, alfworld, swe"):
+        make_tasks("nethack", "all", "train", 1)
