@@ -16,6 +16,8 @@ def test_quick_benchmark_rows(tmp_path):
         # Ours and the Python loop computed the same advantages.
         assert row.extra["max_abs_diff_vs_reference"] <= 1e-5, row
         assert row.extra["fraction_of_memory_bandwidth"] > 0 and row.extra["bytes_moved"] > 0
+        # The reference is the loop as papers print it, and the JSON says so.
+        assert "numpy arrays" in row.extra["reference_form"], row
     assert report.facts["memory_bandwidth_GBps"] > 0
     out = tmp_path / "bench.json"
     report.write(str(out))

@@ -66,7 +66,9 @@ def _segment_ops(ids: jax.Array, num_segments: int, shape: tuple[int, ...]):
     """(max, sum) over each element's segment, given back per element of ``shape``.
 
     ``sum`` takes several arrays and returns their segment sums as a tuple (one scatter).
-    A single segment uses plain reductions (pairwise summation: more exact) and broadcasts.
+    A single segment uses plain ``jnp.sum`` reductions and broadcasts: they sum in blocks
+    (float32 error ~1e-7 relative over 2M tokens), where a variadic ``lax.reduce`` on CPU
+    accumulated sequentially and lost ~1e-2 (measured on 512 x 4096 token returns).
     Row ids ([B] for [B, S] values) reduce each row densely first, so the scatter has B
     updates instead of B * S.
     """
@@ -217,7 +219,10 @@ def masked_suffix_sums(
     chunks = -(-length // size)
     pad = (0, chunks * size - length)
     x3 = jnp.pad(xs, ((0, 0), (0, 0), pad)).reshape(n, batch * chunks, size)
-    m3 = jnp.pad(valid.astype(x.dtype), ((0, 0), pad)).reshape(batch * chunks, size)
+    # A float 0/1 mask feeds the matmul as it is (a converted copy would be one more [B, T]
+    # array written and read: on CPU these kernels are bound by such passes, not by flops).
+    m = mask.astype(x.dtype) if jnp.issubdtype(mask.dtype, jnp.floating) else valid.astype(x.dtype)
+    m3 = jnp.pad(m, ((0, 0), pad)).reshape(batch * chunks, size)
     k = np.arange(size)
     upper = (k[:, None] >= k[None, :]).astype(np.float32)  # [t', t]: t' at or after t
     strict_upper = (k[:, None] > k[None, :]).astype(np.float32)
@@ -226,10 +231,9 @@ def masked_suffix_sums(
     counts = jnp.dot(m3, upper)  # K_t
     hi = None if jax.default_backend() == "cpu" else jax.lax.Precision.HIGHEST
     log_d = math.log(discount) if discount < 1.0 else 0.0
-    scale = jnp.exp(counts * log_d)  # discount^K
-    inv_scale = jnp.exp(-counts * log_d)  # discount^-K
-    scale_m1 = scale * (1.0 / discount)  # discount^(K - 1), used where K >= 1
-    factors = scale[:, 0].reshape(batch, chunks)  # carries into each chunk's first position
+    # discount^K is recomputed from the counts where it is needed (cheap, fused) instead of
+    # being kept as another [B, T] array; only the chunk-start factors are small arrays.
+    factors = jnp.exp(counts[:, 0] * log_d).reshape(batch, chunks)
 
     def across(carry, inputs):  # carry [B]: incl at the first position of the next chunk.
         start, factor = inputs
@@ -237,19 +241,19 @@ def masked_suffix_sums(
 
     outs = []
     for x_i, flag in zip(x3, flags):
-        weighted = x_i * inv_scale
-        incl = scale * jnp.dot(weighted, upper, precision=hi)
-        starts = incl[:, 0].reshape(batch, chunks)
+        weighted = x_i * jnp.exp(-counts * log_d)  # x * discount^-K
+        summed = jnp.dot(weighted, upper, precision=hi)
+        starts = factors * summed[:, 0].reshape(batch, chunks)  # incl at each chunk start
         zeros = jnp.zeros((batch,), x.dtype)
         _, carry_in = jax.lax.scan(across, zeros, (starts.T, factors.T), reverse=True)
-        carry_in = jnp.repeat(carry_in.T.reshape(-1, 1), size, axis=1)  # [B * C, L]
+        carry_in = carry_in.T.reshape(-1, 1)  # [B * C, 1], broadcast over the chunk
         if flag:
-            out = scale_m1 * (jnp.dot(weighted, strict_upper, precision=hi) + carry_in)
+            strict_sum = jnp.dot(weighted, strict_upper, precision=hi)
+            out = jnp.exp((counts - 1.0) * log_d) * (strict_sum + carry_in)
         else:
-            out = incl + scale * carry_in
+            out = jnp.exp(counts * log_d) * (summed + carry_in)
         outs.append(jnp.where(valid, out.reshape(batch, -1)[:, :length], 0.0))
-    out = jnp.stack(outs)
-    return out if stacked else out[0]
+    return jnp.stack(outs) if stacked else outs[0]
 
 
 def reverse_discounted_sum(
