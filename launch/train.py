@@ -17,10 +17,16 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from agentrl_jax.sharding import maybe_initialize_distributed
 from agentrl_jax.training.config import ConfigError, from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and reports go.")
+_COORDINATOR = flags.DEFINE_string(
+    "coordinator_address", None, "host:port of process 0, for a multi-host run (jax.distributed)."
+)
+_NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
+_PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the run.")
 
 
 def main(argv):
@@ -28,6 +34,8 @@ def main(argv):
     if _CONFIG.value is None or not _WORKDIR.value:
         raise app.UsageError("--config=configs/<name>.py and --workdir=DIR are required")
     jax.config.update("jax_threefry_partitionable", True)
+    # Multi-host: from the flags, or auto-detected when AGENTRL_DISTRIBUTED=1 (TPU pods, SLURM).
+    maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
     try:
         config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
     except ConfigError as e:
