@@ -1,10 +1,6 @@
-r"""ALFWorld (the real json_2.1.1 tasks) with GiGPO, step-wise contexts, groups of 8.
-
-Each step's prompt is the objective plus the last 2 turns; rollouts of the same task form a group
-(and, for GiGPO / GAGPO, identical states across them form step-level groups). Evaluates on
-valid_seen (in-distribution) and valid_unseen (out-of-distribution, the number papers report).
-Data from $ALFWORLD_DATA or --config.env.kwargs.data_dir (the standard alfworld-download layout
-or the pack in ../shared/data/alfworld):
+r"""ALFWorld (the real json_2.1.1 tasks) with GiGPO: ``configs/alfworld_gagpo.py`` with
+``rl.algo='gigpo'`` and a token-level PPO ratio (everything else is shared, so the three ALFWorld
+runs differ only in credit assignment).
 
     python -m launch.train --config=configs/alfworld_gigpo.py --workdir=runs/alfworld_gigpo \
         --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct
@@ -12,48 +8,10 @@ or the pack in ../shared/data/alfworld):
 
 import ml_collections
 
-from agentrl_jax.training.defaults import base_config
+from configs import alfworld_gagpo
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    del arg
-    c = base_config()
-    c.model.update(template="qwen", dtype="bfloat16", remat=True)
-    c.env.update(
-        name="alfworld",
-        kwargs=dict(max_steps=50, admissible_commands=True),
-        train_levels=("all",),
-        eval_levels=("all@valid_seen", "all@valid_unseen"),
-        num_train_tasks=3553,
-        num_eval_tasks=140,
-        num_workers=16,
-        envs_per_worker=8,
-    )
-    c.curriculum.stages = [[("all", 1.0)]]
-    c.rollout.update(
-        group_size=8,
-        max_turns=50,
-        max_new_tokens=128,
-        max_seq_len=4096,
-        context_mode="step",
-        history_turns=2,
-        system_prompt="You are an agent in a household. Reply with one admissible action.",
-    )
-    c.budget = dict(total=16 * 8 * 150, sft_fraction=0.0)
-    c.rl.update(
-        algo="gigpo",
-        loss="ppo",
-        tasks_per_iteration=16,
-        epochs=1,
-        minibatch_size=64,
-        actor_lr=1e-6,
-        gamma=0.95,
-        lam=0.95,
-        step_weight=1.0,
-        kl_coef=0.01,
-        ratio_level="token",
-        temperature=1.0,
-    )
-    c.checkpoint.every = 10
-    c.eval_every = 25
+    c = alfworld_gagpo.get_config(arg)
+    c.rl.update(algo="gigpo", ratio_level="token")
     return c
