@@ -44,6 +44,9 @@ def main(argv):
 
     from agentrl_jax.training.trainer import Trainer
 
+    os.makedirs(_WORKDIR.value, exist_ok=True)
+    with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
+        f.write(_CONFIG.value.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
     trainer = Trainer(config, _WORKDIR.value)
     try:
         evals = trainer.run()

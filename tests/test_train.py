@@ -133,6 +133,29 @@ def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
         assert tag in ref, tag
 
 
+def test_eval_entry_point_reports_and_plots(reference_run, textworld_games):
+    workdir, _ = reference_run
+    env = dict(os.environ, AGENTRL_CACHE=str(textworld_games["root"]), XLA_FLAGS="")
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.eval",
+        f"--workdir={workdir}",
+        "--env=textworld",
+        "--split=valid",
+        "--levels=simple",
+        "--num_tasks=1",
+    ]
+    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "eval/simple@valid/success_rate" in out.stdout
+    report = json.loads((workdir / "eval" / "eval_valid_simple_valid.json").read_text())
+    assert report["num_tasks"] == 1 and report["overall"]["episodes"] == 1
+    assert (workdir / "eval" / "eval_valid_simple_valid.md").is_file()
+    png = (workdir / "eval" / "learning_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+
+
 @pytest.mark.slow
 def test_sigkill_mid_iteration_then_resume_repeats_the_uninterrupted_run(
     reference_run, textworld_games, tmp_path

@@ -12,6 +12,7 @@ uninterrupted run does. Rerunning with the same workdir resumes from the last ch
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -79,11 +80,7 @@ class Trainer:
         env_kwargs = dict(cfg.env.kwargs)
         logging.info("workdir: %s", self.workdir)
 
-        # Tasks: train tasks per curriculum level, held-out tasks per evaluation level.
-        self.train_tasks = {
-            level: make_tasks(cfg.env.name, level, "train", cfg.env.num_train_tasks, env_kwargs)
-            for level in cfg.curriculum.levels
-        }
+        # Held-out tasks per evaluation level; train tasks are made when first needed.
         eval_split = EVAL_SPLIT.get(cfg.env.name, "valid")
         self.eval_tasks = {
             level: make_tasks(
@@ -141,6 +138,17 @@ class Trainer:
         self._aux: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ setup
+
+    @functools.cached_property
+    def train_tasks(self) -> dict[str, list]:
+        """Train tasks per curriculum level (generated or found in the cache on first use)."""
+        cfg = self.config
+        return {
+            level: make_tasks(
+                cfg.env.name, level, "train", cfg.env.num_train_tasks, dict(cfg.env.kwargs)
+            )
+            for level in cfg.curriculum.levels
+        }
 
     def _tokenizer(self):
         cfg = self.config.model
