@@ -17,6 +17,19 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.env.kwargs = dict(reward="dense", max_steps=12, admissible_commands=True)
     c.env.update(train_levels=("simple",), eval_levels=("simple", "medium"))
     c.curriculum.stages = [[("simple", 1.0)]]
+    # A narrower, 2-layer version of the tiny preset: ~6x cheaper per token, so SFT can take
+    # enough steps on 2 cores (12 epochs over 200 demonstrations: held-out simple 28% after
+    # SFT in ~4 minutes, where 3 epochs of the full tiny preset left it at 0%).
+    c.model.overrides = dict(
+        hidden_size=128,
+        intermediate_size=384,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+    )
+    c.sft.update(epochs=12, learning_rate=3e-3, warmup_steps=5)
+    c.budget = dict(total=2400, sft_fraction=2000 / 2400)  # 200 demonstrations, 400 episodes
 
     if arg == "test":
         # The test suite's run: a 1-layer model, 1 demonstration, 3 RL iterations of 2 x 2.
