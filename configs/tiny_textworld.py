@@ -51,7 +51,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         )
         c.budget = dict(total=24, sft_fraction=0.5)
         c.rl.update(tasks_per_iteration=2, minibatch_size=4)
-        c.sft.batch_size = 2
+        c.sft.update(batch_size=2, epochs=2)
         c.checkpoint = dict(keep_last=5, keep_best=1, every=1)
     if arg == "smoke":
         c.env.num_train_tasks = 4

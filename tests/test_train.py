@@ -75,14 +75,20 @@ def _launch(workdir, cache, extra=()):
         f"--workdir={workdir}",
         *extra,
     ]
-    return subprocess.Popen(
-        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
+    # Output goes to a file, not a pipe: a run that is polled (not read) must never block on a
+    # full pipe buffer.
+    os.makedirs(workdir, exist_ok=True)
+    log = open(os.path.join(workdir, "..", f"{os.path.basename(workdir)}.log"), "w+b")  # noqa: SIM115
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
 
 
 def _finish(proc, timeout=600):
-    out, _ = proc.communicate(timeout=timeout)
-    text = out.decode(errors="replace")
+    proc.wait(timeout=timeout)
+    proc.log.seek(0)
+    text = proc.log.read().decode(errors="replace")
+    proc.log.close()
     assert proc.returncode == 0, text[-4000:]
     return text
 
@@ -172,6 +178,7 @@ def test_sigkill_mid_iteration_then_resume_repeats_the_uninterrupted_run(
         time.sleep(0.2)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    proc.log.close()
     # The same command with the same workdir resumes.
     _finish(_launch(run_dir, cache))
     run = read_scalars(str(run_dir / "tensorboard"))
