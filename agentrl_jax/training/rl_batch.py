@@ -18,6 +18,7 @@ import dataclasses
 import numpy as np
 
 from agentrl_jax import kernels
+from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.training.trajectory import (
     TokenRows,
     Trajectory,
@@ -31,15 +32,12 @@ def round_up(n: int, multiple: int) -> int:
     return max(multiple, -(-n // multiple) * multiple)
 
 
-def length_bucket(n: int, minimum: int = 32) -> int:
-    """Power-of-two length buckets (and their midpoints), so updates compile once per bucket."""
-    size = minimum
-    while size < n:
-        half = size + size // 2
-        if half >= n:
-            return half
-        size *= 2
-    return size
+_ROW_BUCKETS = bk.default_buckets(32)
+
+
+def length_bucket(n: int) -> int:
+    """The sampler's bucket rule for row lengths, so updates compile once per bucket."""
+    return bk.round_up(n, _ROW_BUCKETS, what="row length")
 
 
 @dataclasses.dataclass
