@@ -85,7 +85,7 @@ def setup(tmp_path_factory):
     return tok, policy, template, sampler
 
 
-def _rollout(setup, mode, lengths=(2, 3), max_turns=4, max_seq_len=512):
+def _rollout(setup, mode, lengths=(2, 3), max_turns=4, max_seq_len=512, sampling=None):
     tok, policy, template, sampler = setup
     cfg = RolloutConfig(
         group_size=2,
@@ -97,7 +97,7 @@ def _rollout(setup, mode, lengths=(2, 3), max_turns=4, max_seq_len=512):
     )
     worker = RolloutWorker(ScriptedPool(lengths), sampler, tok, template, cfg)
     tasks = [Task("scripted", "train", "a"), Task("scripted", "train", "b")]
-    return worker.run(tasks, jax.random.key(0)), worker
+    return worker.run(tasks, jax.random.key(0), sampling=sampling), worker
 
 
 def test_episode_rows_hold_exactly_what_the_model_read_and_sampled(setup):
@@ -124,11 +124,14 @@ def test_episode_rows_hold_exactly_what_the_model_read_and_sampled(setup):
     assert arrays.state_keys[1, :3].tolist() == [100, 101, 102]
 
 
-def test_sampler_logprobs_equal_the_learners_teacher_forced_logprobs(setup):
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sampler_logprobs_equal_the_learners_teacher_forced_logprobs(setup, temperature):
+    # The recorded log-probs are of the distribution sampled from; the learner, told the
+    # temperature, recomputes exactly them from logits / T.
     tok, policy, template, sampler = setup
-    trajs, _ = _rollout(setup, "episode")
+    trajs, _ = _rollout(setup, "episode", sampling=SamplingParams(temperature=temperature))
     rows = episode_rows(trajs, 512, tok.pad_token_id)
-    learner = Learner(policy, None, optax.sgd(0.0))
+    learner = Learner(policy, None, optax.sgd(0.0), temperature=temperature)
     state = learner.init(policy)
     batch = {"tokens": rows.tokens, "mask": rows.mask}
     logp = np.asarray(learner.policy_logprobs(state.policy, batch))
@@ -159,14 +162,18 @@ def test_step_mode_rebuilds_context_from_stored_ids(setup):
     rows = step_rows(trajs, 512, tok.pad_token_id)
     assert rows.tokens.shape[0] == sum(len(t.steps) for t in trajs)
     first, second, third = trajs[0].steps
-    # A step's context is system + the last turn (its observation and action, as first
-    # encoded) + the new observation: rebuilt from stored ids, never re-encoded.
-    assert first.prompt_ids[: len(worker.system_ids)] == worker.system_ids
+    # A step's context is a header (system prompt + the goal, encoded once at reset), the last
+    # turn (its observation and action, as first encoded) and the new observation: rebuilt
+    # from stored ids, never re-encoded.
+    header = worker.template.system_ids(tok, f"{worker.config.system_prompt}\nGoal: take the coin")
+    assert first.prompt_ids[: len(header)] == header
+    assert tok.decode(first.prompt_ids[len(header) :]).count("Goal:") == 0
     head = first.prompt_ids + first.action_ids
     assert second.prompt_ids[: len(head)] == head
-    # history_turns=1: step 2 keeps step 1's turn but not step 0's.
+    # history_turns=1: step 2 keeps step 1's turn but not step 0's; the goal is still in view.
     turn1 = second.prompt_ids[len(head) :] + second.action_ids
-    assert third.prompt_ids[len(worker.system_ids) : len(worker.system_ids) + len(turn1)] == turn1
+    assert third.prompt_ids[: len(header)] == header
+    assert third.prompt_ids[len(header) : len(header) + len(turn1)] == turn1
 
 
 def test_episode_that_outgrows_the_context_is_truncated(setup):

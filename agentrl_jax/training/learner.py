@@ -6,6 +6,10 @@ ENVRL auxiliary losses). Actor and critic have separate optax optimizers and lea
 state is donated: its buffers are reused for the new state, so an update never holds two copies
 of the parameters and optimizer moments.
 
+Temperature: RL rollouts sample from ``softmax(logits / T)``, so the RL loss, the old/reference
+log-probs and the entropy are all computed from ``logits / T`` (``temperature``): the policy being
+optimised is the one that acted. SFT and greedy evaluation use the raw logits.
+
 Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
 line up with the token they score; column 0 (never an action token) is 0.
@@ -73,6 +77,7 @@ class Learner:
       policy_loss: registered policy-loss name (``kernels.get_policy_loss``).
       weights: LossWeights.
       envrl: kernels.EnvrlConfig or None.
+      temperature: the rollouts' sampling temperature (> 0); RL log-probs use ``logits / T``.
     """
 
     def __init__(
@@ -86,7 +91,11 @@ class Learner:
         policy_loss: str = "ppo",
         weights: LossWeights | None = None,
         envrl: Any = None,
+        temperature: float = 1.0,
     ):
+        if not temperature > 0:
+            raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
+        self.temperature = float(temperature)
         self.policy_graphdef, _ = nnx.split(policy)
         self.value_graphdef = None if value_model is None else nnx.split(value_model)[0]
         self.actor_tx = actor_tx
@@ -161,9 +170,13 @@ class Learner:
 
     # ---------------------------------------------------------------- forward passes
 
+    def _rl_logits(self, model, tokens, mask):
+        logits, _ = model(tokens, mask_bt=mask)
+        return logits if self.temperature == 1.0 else logits / self.temperature
+
     def _policy_logprobs(self, policy_state, batch):
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
+        logits = self._rl_logits(model, batch["tokens"], batch["mask"])
         return token_logprobs(logits, batch["tokens"])
 
     def _values(self, value_state, batch):
@@ -183,7 +196,7 @@ class Learner:
         policy_state, value_state = params
         cfg, w = self.loss_config, self.weights
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
+        logits = self._rl_logits(model, batch["tokens"], batch["mask"])
         logp = token_logprobs(logits, batch["tokens"])
         mask = batch["loss_mask"]
         pg, pg_metrics = self.policy_loss_fn(

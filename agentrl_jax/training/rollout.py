@@ -9,10 +9,11 @@ Context modes:
 - ``episode``: one KV cache per episode kept across turns; each turn prefills only the new
   observation ids. An episode whose next turn would not fit ``max_seq_len`` (its prompt plus
   ``max_new_tokens``) ends there, marked ``truncated``.
-- ``step``: every turn starts a fresh context: the system prompt, then the stored ids of the
-  last ``history_turns`` turns (observation and action, as they were first encoded), then the
-  new observation. Oldest turns are dropped first until the context fits ``max_seq_len``
-  (``truncated`` is then set on the step's info as ``context_truncated``).
+- ``step``: every turn starts a fresh context: the system prompt with the episode's goal
+  (encoded once at reset), then the stored ids of the last ``history_turns`` turns (observation
+  and action, as they were first encoded), then the new observation; the goal is always in view,
+  however old the turn that stated it. Oldest turns are dropped first until the context fits
+  ``max_seq_len`` (``truncated`` is then set on the step's info as ``context_truncated``).
 """
 
 from __future__ import annotations
@@ -62,11 +63,14 @@ class RolloutConfig:
                 raise ValueError(f"rollout.{name} is {getattr(self, name)}; expected >= 1")
 
 
-def render_observation(obs: Observation, *, first: bool, show_admissible: bool) -> str:
-    """The text the agent reads for one turn."""
+def render_observation(
+    obs: Observation, *, first: bool, show_admissible: bool, goal: bool = True
+) -> str:
+    """The text the agent reads for one turn (the first states the goal unless ``goal=False``)."""
     parts = []
     if first:
-        parts.append(f"Goal: {obs.objective}")
+        if goal:
+            parts.append(goal_line(obs))
         parts.append(obs.text)
     else:
         parts.append(obs.feedback or obs.text)
@@ -75,6 +79,10 @@ def render_observation(obs: Observation, *, first: bool, show_admissible: bool) 
     if show_admissible and obs.admissible_commands:
         parts.append("Commands: " + " | ".join(obs.admissible_commands))
     return "\n".join(p.strip() for p in parts if p and p.strip())
+
+
+def goal_line(obs: Observation) -> str:
+    return f"Goal: {obs.objective}"
 
 
 class RolloutWorker:
@@ -89,8 +97,18 @@ class RolloutWorker:
         self.system_ids = template.system_ids(tokenizer, config.system_prompt)
 
     def _obs_ids(self, obs: Observation, first: bool) -> list[int]:
-        text = render_observation(obs, first=first, show_admissible=self.config.show_admissible)
+        text = render_observation(
+            obs,
+            first=first,
+            show_admissible=self.config.show_admissible,
+            goal=self.config.context_mode == "episode",  # step mode: the goal is in the header
+        )
         return self.template.turn_ids(self.tokenizer, text, first=first)
+
+    def _header_ids(self, obs: Observation) -> list[int]:
+        """Step mode: the system prompt and the episode's goal, the start of every context."""
+        text = f"{self.config.system_prompt}\n{goal_line(obs)}"
+        return self.template.system_ids(self.tokenizer, text)
 
     def run(
         self,
@@ -138,6 +156,7 @@ class RolloutWorker:
         live = []  # per episode: still playing
         pending_ids: list[list[int]] = []
         history: list[list[list[int]]] = [[] for _ in episodes]  # step mode: per-turn ids
+        headers: list[list[int]] = [[] for _ in episodes]  # step mode: system prompt + goal
         for i, res in enumerate(results):
             if res.infra_failure:
                 trajs[i].infra_failure = True
@@ -146,6 +165,8 @@ class RolloutWorker:
                 continue
             live.append(True)
             pending_ids.append(self._obs_ids(res.observation, first=True))
+            if cfg.context_mode == "step":
+                headers[i] = self._header_ids(res.observation)
             trajs[i].steps.append(_empty_step(res.info))
 
         cache = None
@@ -171,7 +192,9 @@ class RolloutWorker:
                         continue
                     feed.append(ids)
                 else:
-                    feed.append(self._step_context(history[i], pending_ids[i], trajs[i]))
+                    feed.append(
+                        self._step_context(headers[i], history[i], pending_ids[i], trajs[i])
+                    )
             if not any(feed):
                 break
             if expert:
@@ -191,7 +214,12 @@ class RolloutWorker:
                 )
                 cache = out.cache if cfg.context_mode == "episode" else None
                 actions_ids = out.token_lists()
-                logprobs = np.asarray(out.policy_logprobs)
+                # Log-probs under the distribution sampled from (the learner's logits / T);
+                # greedy turns (never trained on) keep the raw policy's.
+                # (With top-k / top-p they are of the filtered distribution: the mismatch shows
+                # in the trainer's rollout/logprob_mismatch metric.)
+                greedy = (sampling or self.sampler.sampling).greedy
+                logprobs = np.asarray(out.policy_logprobs if greedy else out.logprobs)
             actions: list[str | None] = []
             for i in range(len(episodes)):
                 if not feed[i]:
@@ -230,11 +258,11 @@ class RolloutWorker:
                 traj.truncated = True
         return trajs
 
-    def _step_context(self, history, obs_ids, traj) -> list[int]:
-        """System prompt + the last k turns (stored ids) + the new observation, fitted to size."""
+    def _step_context(self, header, history, obs_ids, traj) -> list[int]:
+        """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted."""
         cfg = self.config
         keep = history[-cfg.history_turns :] if cfg.history_turns else []
-        budget = cfg.max_seq_len - cfg.max_new_tokens - len(self.system_ids) - len(obs_ids)
+        budget = cfg.max_seq_len - cfg.max_new_tokens - len(header) - len(obs_ids)
         while keep and sum(len(t) for t in keep) > budget:
             keep = keep[1:]
             traj.steps[-1].info["context_truncated"] = True
@@ -243,7 +271,7 @@ class RolloutWorker:
                 f"an observation of {len(obs_ids)} tokens does not fit rollout.max_seq_len="
                 f"{cfg.max_seq_len} with max_new_tokens={cfg.max_new_tokens}"
             )
-        return self.system_ids + [t for turn in keep for t in turn] + obs_ids
+        return header + [t for turn in keep for t in turn] + obs_ids
 
     def _expert_ids(self, info) -> list[int]:
         action = info.get("expert_action")

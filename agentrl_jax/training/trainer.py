@@ -240,6 +240,7 @@ class Trainer:
                 entropy=rl.entropy_coef,
             ),
             envrl=envrl,
+            temperature=rl.temperature,
         )
 
     # ------------------------------------------------------------------ checkpoints
