@@ -9,8 +9,9 @@ critic, a mesh that does not divide the devices: a clear error listing the valid
 Rerunning the same command with the same workdir resumes from the last checkpoint.
 
 Multi-host: the same command on every host, one process each, with ``--coordinator_address``,
-``--num_processes`` and ``--process_id`` (or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU
-pod or SLURM job); ``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` build those commands.
+``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+``JAX_PROCESS_ID`` in the environment, or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU pod or
+SLURM job); ``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` build those commands.
 Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
 every host sees (checkpoints are written there by all processes through orbax).
 """
