@@ -285,9 +285,9 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     diff = _max_diff(params_one, params_two)
     print(f"max abs diff of the policy parameters, 2 x 4 vs 1 x 8: {diff:.3g}")
     assert diff <= TOL
-    # Not vacuous: RL moved the parameters away from where SFT left them.
+    # Not vacuous: RL moved the parameters (2 Adam steps of 2e-4: about 4e-4) far beyond TOL.
     _, after_sft = _checkpoint_params(two, step=1)
-    assert _max_diff(after_sft, params_two) > 100 * TOL
+    assert _max_diff(after_sft, params_two) > 10 * TOL
 
     # The same episodes and updates, logged once by process 0.
     ref, got = read_scalars(str(one / "tensorboard")), read_scalars(str(two / "tensorboard"))
