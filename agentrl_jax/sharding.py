@@ -252,16 +252,28 @@ def maybe_initialize_distributed(
     """Starts JAX's multi-controller runtime when a multi-host run is configured.
 
     Configured means: ``coordinator_address`` is given (then ``num_processes`` and ``process_id``
-    are passed along), or ``auto`` is true, or the environment variable
-    ``AGENTRL_DISTRIBUTED=1`` is set (``auto`` then lets JAX detect the cluster: TPU pods, SLURM,
-    Open MPI...). Otherwise, and when already initialised, it does nothing. It must run before
-    any other JAX call that touches devices.
+    are passed along), or the environment sets ``JAX_COORDINATOR_ADDRESS``,
+    ``JAX_NUM_PROCESSES`` and ``JAX_PROCESS_ID`` (per-node variables of a job scheduler; flags
+    win over them), or ``auto`` is true, or the environment variable ``AGENTRL_DISTRIBUTED=1`` is
+    set (``auto`` then lets JAX detect the cluster: TPU pods, SLURM, Open MPI...). Otherwise, and
+    when already initialised, it does nothing. It must run before any other JAX call that
+    touches devices.
 
     Returns:
       True if the runtime is initialised when this returns (by this call or an earlier one).
+
+    Raises:
+      ValueError: a coordinator without a process count and id, or a non-integer
+        ``JAX_NUM_PROCESSES`` / ``JAX_PROCESS_ID``.
     """
     if jax.distributed.is_initialized():
         return True
+    if coordinator_address is None and os.environ.get("JAX_COORDINATOR_ADDRESS"):
+        coordinator_address = os.environ["JAX_COORDINATOR_ADDRESS"]
+        if num_processes is None:
+            num_processes = _env_int("JAX_NUM_PROCESSES")
+        if process_id is None:
+            process_id = _env_int("JAX_PROCESS_ID")
     if auto is None:
         auto = os.environ.get("AGENTRL_DISTRIBUTED", "0").lower() in ("1", "true", "auto")
     if coordinator_address is None and not auto:
@@ -284,3 +296,13 @@ def maybe_initialize_distributed(
         jax.device_count(),
     )
     return True
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={value!r} is not an integer") from None

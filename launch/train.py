@@ -7,6 +7,13 @@ r"""Trains a policy: SFT on expert demonstrations, then RL, evaluating before an
 The whole configuration is validated before any compute (an unknown algorithm, ``gae`` without a
 critic, a mesh that does not divide the devices: a clear error listing the valid choices).
 Rerunning the same command with the same workdir resumes from the last checkpoint.
+
+Multi-host: the same command on every host, one process each, with ``--coordinator_address``,
+``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
+``JAX_PROCESS_ID`` in the environment, or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU pod or
+SLURM job); ``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` build those commands.
+Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
+every host sees (checkpoints are written there by all processes through orbax).
 """
 
 import json
@@ -36,6 +43,9 @@ def main(argv):
     jax.config.update("jax_threefry_partitionable", True)
     # Multi-host: from the flags, or auto-detected when AGENTRL_DISTRIBUTED=1 (TPU pods, SLURM).
     maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    primary = jax.process_index() == 0
+    if not primary:
+        logging.set_verbosity(logging.WARNING)  # info logs (progress, evals) from process 0 only
     try:
         config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
     except ConfigError as e:
@@ -45,14 +55,17 @@ def main(argv):
     from agentrl_jax.training.trainer import Trainer
 
     os.makedirs(_WORKDIR.value, exist_ok=True)
-    with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
-        f.write(_CONFIG.value.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
+    if primary:
+        with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
+            f.write(_CONFIG.value.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
     trainer = Trainer(config, _WORKDIR.value)
     try:
         evals = trainer.run()
         table = trainer.before_after()
     finally:
         trainer.close()
+    if not primary:
+        return
     workdir = os.path.abspath(_WORKDIR.value)
     with open(os.path.join(workdir, "report.md"), "w") as f:
         f.write(table + "\n")

@@ -189,6 +189,18 @@ def test_maybe_initialize_distributed_not_configured(monkeypatch):
         sharding.maybe_initialize_distributed("localhost:1234")
 
 
+def test_maybe_initialize_distributed_reads_the_scheduler_variables(monkeypatch):
+    monkeypatch.delenv("AGENTRL_DISTRIBUTED", raising=False)
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", "localhost:1234")
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "two")
+    with pytest.raises(ValueError, match="JAX_NUM_PROCESSES='two' is not an integer"):
+        sharding.maybe_initialize_distributed()
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "2")
+    monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
+    with pytest.raises(ValueError, match=r"num_processes=2, process_id=None"):
+        sharding.maybe_initialize_distributed()
+
+
 @pytest.mark.slow
 def test_two_process_distributed_start(tmp_path):
     """Two local processes start the multi-controller runtime and see each other's devices."""

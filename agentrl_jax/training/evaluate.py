@@ -192,9 +192,11 @@ def evaluate(
     if greedy:
         sampling = SamplingParams(temperature=0.0)
         cfg = dataclasses.replace(worker.config, group_size=1)
-        worker = RolloutWorker(worker.pool, worker.sampler, worker.tokenizer, worker.template, cfg)
+        worker = worker.with_config(cfg)
     group = worker.config.group_size
-    capacity = batch_size or getattr(worker.pool, "capacity", None) or len(tasks) * group
+    # A multi-host worker plays all processes' pools at once (``ShardedRolloutWorker.capacity``).
+    pool_capacity = getattr(worker, "capacity", None) or getattr(worker.pool, "capacity", None)
+    capacity = batch_size or pool_capacity or len(tasks) * group
     per_call = max(1, capacity // group)
     trajs: list[Trajectory] = []
     for c, start in enumerate(range(0, len(tasks), per_call)):

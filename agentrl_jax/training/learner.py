@@ -157,13 +157,24 @@ class Learner:
         return state
 
     def place_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
-        """Puts a batch on the devices, rows split over the mesh's (data, fsdp) axes."""
+        """Puts a batch on the devices, rows split over the mesh's (data, fsdp) axes.
+
+        ``batch`` is the whole global batch. On a mesh that spans several processes
+        (multi-host), each process transfers only the rows its own devices hold; every process
+        holds the same global batch on the host, so the resulting global array is row for row
+        the one a single process with all the devices would build.
+        """
         if self.mesh is None:
             return {k: jnp.asarray(v) for k, v in batch.items()}
-        return {
-            k: jax.device_put(v, sharding.named_sharding(self.mesh, _batch_axes(v), np.shape(v)))
-            for k, v in batch.items()
-        }
+        out = {}
+        for k, v in batch.items():
+            named = sharding.named_sharding(self.mesh, _batch_axes(v), np.shape(v))
+            if named.is_fully_addressable:
+                out[k] = jax.device_put(v, named)
+            else:
+                host = np.asarray(v)
+                out[k] = jax.make_array_from_callback(host.shape, named, lambda i, h=host: h[i])
+        return out
 
     def policy_module(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.policy_graphdef, state.policy)

@@ -18,6 +18,7 @@ Context modes:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import jax
@@ -110,6 +111,27 @@ class RolloutWorker:
         text = f"{self.config.system_prompt}\n{goal_line(obs)}"
         return self.template.system_ids(self.tokenizer, text)
 
+    def with_config(self, config: RolloutConfig) -> RolloutWorker:
+        """A copy of this worker (same pool, sampler and kind) with other rollout settings."""
+        new = copy.copy(self)
+        new.config = config
+        new.system_ids = self.template.system_ids(self.tokenizer, config.system_prompt)
+        return new
+
+    def wave_size(self, num_tasks: int, group_size: int) -> int:
+        """Tasks per wave: the episodes the actor pool plays at once (all tasks without a pool).
+
+        Raises:
+          ValueError: when one task's group does not fit the pool.
+        """
+        capacity = getattr(self.pool, "capacity", None)
+        per_wave = num_tasks if not capacity else max(1, capacity // group_size)
+        if per_wave < 1 or (capacity and group_size > capacity):
+            raise ValueError(
+                f"group_size={group_size} does not fit the actor pool ({capacity} episodes)"
+            )
+        return per_wave
+
     def run(
         self,
         tasks: list[Task],
@@ -119,27 +141,29 @@ class RolloutWorker:
         group_offset: int = 0,
         expert: bool = False,
         group_size: int | None = None,
+        task_offset: int = 0,
     ) -> list[Trajectory]:
         """Plays ``group_size`` episodes of every task; returns them in task-major order.
 
         With ``expert=True`` the environment's expert acts instead of the policy (SFT
         demonstrations): its command is encoded once and closed with the stop token, and the
         contexts are built exactly as for the policy, so demonstrations and rollouts match.
+
+        ``task_offset`` is the position of ``tasks[0]`` in a longer task list that this call
+        plays a slice of (a multi-host process's share, starting on a wave boundary): each wave
+        is keyed and grouped by its position in the whole list, so the slice plays exactly as it
+        would inside the whole list.
         """
         group_size = group_size or self.config.group_size
-        capacity = getattr(self.pool, "capacity", None)
-        per_wave = len(tasks) if not capacity else max(1, capacity // group_size)
-        if per_wave < 1 or (capacity and group_size > capacity):
-            raise ValueError(
-                f"group_size={group_size} does not fit the actor pool ({capacity} episodes)"
-            )
+        per_wave = self.wave_size(len(tasks), group_size)
         out = []
         for start in range(0, len(tasks), per_wave):
+            first = task_offset + start
             out += self._run_wave(
                 tasks[start : start + per_wave],
-                jax.random.fold_in(rng, start),
+                jax.random.fold_in(rng, first),
                 sampling=sampling,
-                group_offset=group_offset + start,
+                group_offset=group_offset + first,
                 expert=expert,
                 group_size=group_size,
             )

@@ -8,6 +8,12 @@ A run is: build or load the tokenizer, SFT on expert demonstrations, evaluate, R
 evaluate. Everything is deterministic given the seed on CPU: each iteration derives its JAX key
 and numpy generator from (seed, iteration), so a resumed run repeats exactly what an
 uninterrupted run does. Rerunning with the same workdir resumes from the last checkpoint.
+
+Multi-host (``jax.process_count() > 1``): every process runs this same code; each plays its
+share of the episodes with its own actor pool and a process-local copy of the policy, the
+episodes are all-gathered so every host-side step sees the single-process data, and each process
+feeds its devices' rows of the global batch (``training/multihost.py``). Only process 0 writes
+TensorBoard, eval reports and progress bars; checkpoints go through orbax from all processes.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training import rl_batch, sft_data
+from agentrl_jax.training import multihost, rl_batch, sft_data
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
 from agentrl_jax.training.config import RunConfig
@@ -95,6 +101,9 @@ class Trainer:
             envs_per_worker=cfg.env.envs_per_worker,
         )
         self.mesh = make_mesh(cfg.mesh) if math.prod(cfg.mesh) > 1 else None
+        # Multi-host: each process samples on its own devices, from a local copy of the policy.
+        self.multihost = jax.process_count() > 1
+        self.local_mesh = multihost.local_mesh() if self.multihost else None
         self.tokenizer = self._tokenizer()
         self.template = get_template(cfg.model.template)
         self.policy = self._policy()
@@ -108,8 +117,10 @@ class Trainer:
             self.policy,
             stop=StopConfig(eos_ids=(stop_id,)),
             pad_id=self.tokenizer.pad_token_id,
+            mesh=self.local_mesh,
         )
-        self.worker = RolloutWorker(
+        worker_cls = multihost.ShardedRolloutWorker if self.multihost else RolloutWorker
+        self.worker = worker_cls(
             self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
         )
         self.learner = self._learner()
@@ -157,11 +168,36 @@ class Trainer:
             return load_tokenizer(cfg.tokenizer)
         if cfg.checkpoint:
             return load_tokenizer(cfg.checkpoint)
-        if os.path.isfile(os.path.join(path, "tokenizer.json")):
-            return load_tokenizer(path)
+        if not self.multihost:
+            if os.path.isfile(os.path.join(path, "tokenizer.json")):
+                return load_tokenizer(path)
+            return self._build_tokenizer(path)
+
+        # Multi-host: process 0 builds it (or finds it) and sends its files to every process,
+        # which saves them (atomically: the workdir may be shared) and loads them.
+        def files() -> dict[str, bytes]:
+            if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+                self._build_tokenizer(path)
+            return {
+                name: open(os.path.join(path, name), "rb").read()  # noqa: SIM115
+                for name in sorted(os.listdir(path))
+                if os.path.isfile(os.path.join(path, name))
+            }
+
+        saved = multihost.broadcast_object(files)
+        if not multihost.is_primary():
+            os.makedirs(path, exist_ok=True)
+            for name, data in saved.items():
+                tmp = os.path.join(path, f".{name}.{jax.process_index()}.tmp")
+                with open(tmp, "wb") as f:
+                    f.write(data)
+                os.replace(tmp, os.path.join(path, name))
+        return load_tokenizer(path)
+
+    def _build_tokenizer(self, path: str):
         texts = self._expert_texts()
         logging.info("building the tokenizer from %d texts of the train tasks", len(texts))
-        return build_tokenizer(texts, cfg.tokenizer_vocab, path)
+        return build_tokenizer(texts, self.config.model.tokenizer_vocab, path)
 
     def _expert_texts(self) -> list[str]:
         """Observation and command text of expert episodes on the train tasks."""
@@ -350,7 +386,10 @@ class Trainer:
 
             total = dataset.batches_per_epoch * cfg.sft.epochs
             done = int(self.sft_state.step)
-            for batch in tqdm(iterator, desc="sft", initial=done, total=total):
+            bar = tqdm(
+                iterator, desc="sft", initial=done, total=total, disable=not multihost.is_primary()
+            )
+            for batch in bar:
                 batch = {k: batch[k] for k in sft_data.BATCH_KEYS}
                 self.sft_state, m = self.sft_learner.sft_step(
                     self.sft_state, self.sft_learner.place_batch(batch)
@@ -382,7 +421,14 @@ class Trainer:
         from tqdm.auto import tqdm
 
         start = int(self.meta["rl_iteration"])
-        for it in tqdm(range(start, total), desc="rl", initial=start, total=total):
+        bar = tqdm(
+            range(start, total),
+            desc="rl",
+            initial=start,
+            total=total,
+            disable=not multihost.is_primary(),
+        )
+        for it in bar:
             metrics = self.rl_iteration(it)
             self.meta["rl_iteration"] = it + 1
             last = it + 1 == total
@@ -414,7 +460,7 @@ class Trainer:
         tasks = [self.train_tasks[lv][np_rng.integers(len(self.train_tasks[lv]))] for lv in levels]
 
         t0 = time.perf_counter()
-        self.sampler.set_state(self.state.policy)
+        self._sync_sampler()
         sampling = SamplingParams(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
         trajs = self.worker.run(tasks, rng, sampling=sampling)
         t_rollout = time.perf_counter() - t0
@@ -447,11 +493,18 @@ class Trainer:
         )
         return metrics
 
+    def _sync_sampler(self) -> None:
+        """Gives the sampler the current policy (multi-host: a copy on this process's devices)."""
+        policy = self.state.policy
+        if self.multihost:
+            policy = multihost.local_replica(policy, self.mesh, self.local_mesh)
+        self.sampler.set_state(policy)
+
     def _forward_in_chunks(self, fn, params, batch, size: int) -> np.ndarray:
         out = []
         for i in range(0, batch["tokens"].shape[0], size):
             chunk = {k: batch[k][i : i + size] for k in ("tokens", "mask")}
-            out.append(np.asarray(fn(params, self.learner.place_batch(chunk))))
+            out.append(multihost.host_array(fn(params, self.learner.place_batch(chunk))))
         return np.concatenate(out)
 
     def _rl_batch(self, trajs: list[Trajectory], it: int) -> tuple[dict[str, np.ndarray], dict]:
@@ -552,13 +605,14 @@ class Trainer:
 
     def evaluate(self, name: str) -> dict[str, float]:
         """Greedy episodes on every held-out level: reports under workdir/eval, metrics back."""
-        self.sampler.set_state(self.state.policy)
+        self._sync_sampler()
         out, report = {}, {}
         for level, tasks in self.eval_tasks.items():
             result = evaluation.evaluate(self.worker, tasks, jax.random.key(0), greedy=True)
-            evaluation.write_report(
-                result, os.path.join(self.workdir, "eval"), f"{name}_{level.replace('@', '_')}"
-            )
+            if multihost.is_primary():
+                evaluation.write_report(
+                    result, os.path.join(self.workdir, "eval"), f"{name}_{level.replace('@', '_')}"
+                )
             report[level] = result.to_json()
             overall = result.overall
             out[f"eval/{level}/success_rate"] = overall.success_rate

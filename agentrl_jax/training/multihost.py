@@ -1,0 +1,232 @@
+"""Multi-host runs: one process per host under ``jax.distributed``, the same program everywhere.
+
+What each process of an N-process run does (docs/architecture.md, "Multi-host"):
+
+- **Rollouts.** The tasks of an RL iteration (and the SFT demonstrations, and the held-out
+  evaluation) are cut into *waves*, the batches of episodes one actor pool plays at once
+  (``RolloutWorker.wave_size``). Process p plays a contiguous block of whole waves
+  (``process_slice``) with its own actor pool and a process-local copy of the policy
+  (``local_replica``), keyed and grouped by the waves' global positions, so each wave plays
+  exactly as it would inside a single process.
+- **Assembly.** The episodes are all-gathered on the host (``allgather_objects``: token ids and
+  rewards, small next to the rollout's cost), so every process holds the iteration's full episode
+  list in the single-process order and runs the single-process host code on it: rows, length
+  buckets, group-normalised advantages, the minibatch permutation, the SFT pipeline.
+- **Placement.** Each process puts on its devices only the rows of the global batch that the mesh
+  assigns to them (``Learner.place_batch``; ``process_rows`` says which): the global array the
+  jitted update reads is, row for row, the one a single process with all the devices builds.
+- **Writes.** Checkpoints go through orbax (every process calls save; orbax writes each array
+  shard once and the JSON meta from process 0). TensorBoard, eval reports, the run's config and
+  report files, progress bars and info logs come from process 0 only (``is_primary``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pickle
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from agentrl_jax import sharding
+from agentrl_jax.training.rollout import RolloutWorker
+from agentrl_jax.training.trajectory import Trajectory
+
+
+def is_primary() -> bool:
+    """Whether this is process 0, the one that logs and writes files of its own."""
+    return jax.process_index() == 0
+
+
+def process_slice(num_items: int, unit: int, process_index: int, process_count: int) -> slice:
+    """The items process ``process_index`` owns: a contiguous block of whole ``unit``-sized chunks.
+
+    The ``ceil(num_items / unit)`` chunks (the last one may be short) are dealt out in order, as
+    evenly as possible, the first processes taking one more when they do not divide evenly; a
+    process with no chunk gets an empty slice. Every item belongs to exactly one process, and the
+    processes' slices in process order are the items in order.
+
+    Raises:
+      ValueError: for a negative ``num_items``, ``unit < 1`` or a process index out of range.
+    """
+    if num_items < 0:
+        raise ValueError(f"num_items={num_items}: expected >= 0")
+    if unit < 1:
+        raise ValueError(f"unit={unit}: expected >= 1 items per chunk")
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(
+            f"process_index={process_index} is not in [0, process_count={process_count})"
+        )
+    chunks = -(-num_items // unit)
+    base, extra = divmod(chunks, process_count)
+    first = process_index * base + min(process_index, extra)
+    count = base + (process_index < extra)
+    return slice(min(first * unit, num_items), min((first + count) * unit, num_items))
+
+
+def process_rows(
+    mesh: Mesh,
+    logical_axes: Sequence[str | None],
+    shape: Sequence[int],
+    process_of: Callable[[Any], int] = lambda d: d.process_index,
+) -> dict[int, np.ndarray]:
+    """Rows (indices along axis 0) of a global batch array each process supplies.
+
+    The rows a process's devices hold under the logical-axis rules (``agentrl_jax.sharding``):
+    for a batch split over (data, fsdp), process p's block of the mesh. A batch whose rows do not
+    divide over the mesh is replicated, and then every process holds every row.
+
+    Args:
+      mesh: the global mesh.
+      logical_axes: the array's logical axes, e.g. ``("batch", None)``.
+      shape: the global shape.
+      process_of: the process of a device (default: its ``process_index``; a test can map the
+        fake devices of one process to pretended processes).
+    """
+    named = sharding.named_sharding(mesh, logical_axes, shape)
+    rows: dict[int, set[int]] = {}
+    for device, index in named.devices_indices_map(tuple(shape)).items():
+        owned = range(shape[0])[index[0]] if index else range(shape[0])
+        rows.setdefault(process_of(device), set()).update(owned)
+    return {p: np.array(sorted(r), np.int64) for p, r in sorted(rows.items())}
+
+
+def allgather_objects(obj: Any) -> list[Any]:
+    """Every process's ``obj`` (any picklable value), in process order, on every process.
+
+    A collective: every process must call it at the same point. One process: ``[obj]``.
+    """
+    if jax.process_count() == 1:
+        return [obj]
+    from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-host only)
+
+    data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
+    sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
+    sizes = sizes.reshape(-1)
+    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    padded[: data.size] = data
+    gathered = np.asarray(multihost_utils.process_allgather(padded))
+    return [pickle.loads(gathered[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
+
+
+def broadcast_object(make: Callable[[], Any]) -> Any:
+    """Process 0's ``make()``, on every process (only process 0 calls ``make``)."""
+    value = make() if is_primary() else None
+    return allgather_objects(value)[0]
+
+
+def host_array(x: jax.Array) -> np.ndarray:
+    """The whole of a (possibly multi-host) array on this host, as numpy.
+
+    An array whose shards all live on this process is read directly (the single-process path);
+    otherwise the other processes' shards are all-gathered (a collective: all processes call it).
+    """
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-host only)
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def local_mesh() -> Mesh:
+    """A (data, 1, 1) mesh over this process's devices: where its sampler runs."""
+    return sharding.make_mesh((-1, 1, 1), jax.local_devices())
+
+
+def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
+    """A copy of a global pytree (e.g. the policy's parameters) replicated on ``local``'s devices.
+
+    Each array is first replicated over the global ``mesh`` (a collective: XLA all-gathers the
+    other hosts' shards), then this process's copies become one array on its local mesh. The
+    sampler runs on that copy without any cross-host communication, so each process can play
+    its own waves at its own pace.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    full = jax.jit(lambda t: t, out_shardings=replicated)(tree)
+    local_sharding = NamedSharding(local, PartitionSpec())
+    by_device = {d: i for i, d in enumerate(local.devices.flat)}
+
+    def to_local(x: jax.Array) -> jax.Array:
+        shards = sorted(x.addressable_shards, key=lambda s: by_device[s.device])
+        return jax.make_array_from_single_device_arrays(
+            x.shape, local_sharding, [s.data for s in shards]
+        )
+
+    return jax.tree.map(to_local, full)
+
+
+@dataclasses.dataclass
+class ProcessInfo:
+    index: int
+    count: int
+
+    @classmethod
+    def current(cls) -> ProcessInfo:
+        return cls(jax.process_index(), jax.process_count())
+
+
+class ShardedRolloutWorker(RolloutWorker):
+    """A RolloutWorker whose ``run`` plays only this process's waves, then gathers everyone's.
+
+    The result is the single-process ``run``'s: the same episodes in the same (task-major)
+    order, the same group ids, each wave keyed by its global position.
+    """
+
+    def __init__(self, *args, process: ProcessInfo | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.process = process or ProcessInfo.current()
+
+    @property
+    def capacity(self) -> int | None:
+        """Episodes all processes' actor pools play at once."""
+        local = getattr(self.pool, "capacity", None)
+        return None if local is None else local * self.process.count
+
+    def run(
+        self,
+        tasks,
+        rng,
+        *,
+        sampling=None,
+        group_offset: int = 0,
+        expert: bool = False,
+        group_size: int | None = None,
+        task_offset: int = 0,
+    ) -> list[Trajectory]:
+        group_size = group_size or self.config.group_size
+        tasks = list(tasks)
+        mine = process_slice(
+            len(tasks),
+            self.wave_size(len(tasks), group_size),
+            self.process.index,
+            self.process.count,
+        )
+        local: list[Trajectory] = []
+        if mine.start < mine.stop:
+            local = super().run(
+                tasks[mine],
+                rng,
+                sampling=sampling,
+                group_offset=group_offset,
+                expert=expert,
+                group_size=group_size,
+                task_offset=task_offset + mine.start,
+            )
+        return [t for block in allgather_objects(local) for t in block]
+
+
+__all__ = [
+    "ProcessInfo",
+    "ShardedRolloutWorker",
+    "allgather_objects",
+    "broadcast_object",
+    "host_array",
+    "is_primary",
+    "local_mesh",
+    "local_replica",
+    "process_rows",
+    "process_slice",
+]

@@ -1,0 +1,310 @@
+"""Multi-host: which tasks and rows each process owns, and 2 processes x 4 devices == 1 x 8."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from agentrl_jax import sharding
+from agentrl_jax.envs.actors import StepResult
+from agentrl_jax.envs.base import Observation, Task
+from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models.tokenizer import build_tokenizer
+from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+from agentrl_jax.training import multihost
+from agentrl_jax.training.chat import get_template
+from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
+from agentrl_jax.training.tensorboard import read_scalars
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOL = 1e-5  # fixed by the issue: f32 max abs diff of the parameters, 2 x 4 devices vs 1 x 8
+
+
+# ---------------------------------------------------------------- sharding arithmetic
+
+
+def _slices(num_items, unit, count):
+    return [multihost.process_slice(num_items, unit, p, count) for p in range(count)]
+
+
+def test_process_slice_deals_whole_waves_in_order():
+    # 4 tasks in waves of 1 over 2 processes: 2 tasks each, in order.
+    assert _slices(4, 1, 2) == [slice(0, 2), slice(2, 4)]
+    # 10 tasks in waves of 3 (the last one short: 4 waves) over 3 processes: 2, 1, 1 waves.
+    assert _slices(10, 3, 3) == [slice(0, 6), slice(6, 9), slice(9, 10)]
+    # Fewer waves than processes: the last processes play nothing.
+    assert _slices(3, 2, 4) == [slice(0, 2), slice(2, 3), slice(3, 3), slice(3, 3)]
+    assert _slices(0, 2, 2) == [slice(0, 0), slice(0, 0)]
+    # One process owns everything.
+    assert _slices(7, 3, 1) == [slice(0, 7)]
+
+
+@pytest.mark.parametrize("num_items", [0, 1, 5, 8, 13])
+@pytest.mark.parametrize("unit", [1, 2, 3])
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_process_slices_partition_the_items_on_wave_boundaries(num_items, unit, count):
+    slices = _slices(num_items, unit, count)
+    items = [i for s in slices for i in range(num_items)[s]]
+    assert items == list(range(num_items))  # each item once, processes in order
+    for s in slices:
+        assert s.start % unit == 0 or s.start == num_items  # starts on a wave boundary
+    sizes = [-(-(s.stop - s.start) // unit) for s in slices]  # waves per process
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((-1, 1, 0, 1), "num_items=-1"),
+        ((4, 0, 0, 1), "unit=0"),
+        ((4, 1, 2, 2), r"process_index=2 is not in \[0, process_count=2\)"),
+        ((4, 1, 0, 0), "process_count=0"),
+    ],
+)
+def test_process_slice_errors_name_the_bad_value(args, match):
+    with pytest.raises(ValueError, match=match):
+        multihost.process_slice(*args)
+
+
+def _pretend_two_processes(device):
+    """The 8 fake devices as 2 hosts of 4: devices 0-3 on process 0, 4-7 on process 1."""
+    return jax.devices().index(device) // 4
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, num_rows, expected",
+    [
+        # Rows over (data, fsdp) = 8 devices: each process holds the 4 rows of its 4 devices.
+        ((4, 2, 1), 8, {0: range(0, 4), 1: range(4, 8)}),
+        ((4, 2, 1), 16, {0: range(0, 8), 1: range(8, 16)}),
+        # tp replicates rows: (data, fsdp) = (2, 2), process p holds data block p.
+        ((2, 2, 2), 8, {0: range(0, 4), 1: range(4, 8)}),
+        # 6 rows do not divide over 8 devices: replicated, so both processes hold all rows.
+        ((8, 1, 1), 6, {0: range(0, 6), 1: range(0, 6)}),
+    ],
+)
+def test_process_rows_match_the_placed_global_batch(mesh_shape, num_rows, expected):
+    mesh = sharding.make_mesh(mesh_shape)
+    shape = (num_rows, 5)
+    rows = multihost.process_rows(mesh, ("batch", None), shape, _pretend_two_processes)
+    assert {p: r.tolist() for p, r in rows.items()} == {p: list(r) for p, r in expected.items()}
+    # What place_batch really puts on each device lies within its process's rows.
+    batch = np.arange(num_rows * 5, dtype=np.int32).reshape(shape)
+    placed = jax.device_put(batch, sharding.named_sharding(mesh, ("batch", None), shape))
+    held = {0: set(), 1: set()}
+    for shard in placed.addressable_shards:
+        owned = batch[shard.index][:, 0] // 5
+        held[_pretend_two_processes(shard.device)].update(owned.tolist())
+        np.testing.assert_array_equal(np.asarray(shard.data), batch[shard.index])
+    assert {p: sorted(h) for p, h in held.items()} == {p: list(r) for p, r in expected.items()}
+
+
+def test_single_process_collectives_are_local():
+    assert multihost.is_primary()
+    assert multihost.allgather_objects({"a": [1, 2]}) == [{"a": [1, 2]}]
+    assert multihost.broadcast_object(lambda: "tok") == "tok"
+    x = jax.numpy.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(multihost.host_array(x), np.arange(6.0).reshape(2, 3))
+
+
+# ---------------------------------------------------------------- waves play the same anywhere
+
+
+class CountingPool:
+    """An in-process stand-in for ActorPool: an episode of task i lasts i % 3 + 1 steps and pays
+    0.5 per step, whatever the policy does (holds 2 episodes at once)."""
+
+    capacity = 2
+
+    def reset(self, tasks):
+        self.tasks, self.t = list(tasks), [0] * len(tasks)
+        return [StepResult(self._obs(), info={"state_key": 0}) for _ in tasks]
+
+    def _obs(self):
+        return Observation(objective="win", text="a room", admissible_commands=("look",))
+
+    def step(self, actions):
+        out = []
+        for i, action in enumerate(actions):
+            if action is None:
+                out.append(None)
+                continue
+            self.t[i] += 1
+            done = self.t[i] >= int(self.tasks[i].id) % 3 + 1
+            info = {"won": done, "state_key": self.t[i]}
+            out.append(StepResult(self._obs(), reward=0.5, done=done, info=info))
+        return out
+
+
+@pytest.fixture(scope="module")
+def worker_parts(tmp_path_factory):
+    tok = build_tokenizer(["a room | look | Goal: win"] * 10, 300, tmp_path_factory.mktemp("tok"))
+    cfg = preset(
+        "tiny", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=16,
+    )  # fmt: skip
+    template = get_template("plain")
+    sampler = Sampler(
+        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
+        sampling=SamplingParams(temperature=1.0),
+        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
+        pad_id=tok.pad_token_id,
+    )
+    config = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=4, max_seq_len=256)
+    return CountingPool(), sampler, tok, template, config
+
+
+def _played(trajs):
+    return [(t.task.id, t.group, [s.action_ids for s in t.steps], t.won) for t in trajs]
+
+
+def test_each_process_plays_its_waves_as_the_whole_list_would(worker_parts):
+    tasks = [Task("scripted", "train", str(i)) for i in range(5)]
+    rng = jax.random.key(3)
+    whole = RolloutWorker(*worker_parts).run(tasks, rng)
+    assert [t.group for t in whole] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    # Sampled actions differ between waves (the test would be vacuous otherwise).
+    assert len({tuple(map(tuple, p[2])) for p in _played(whole)}) > 2
+    # Process p of 2 plays waves (1 task each, the pool holds one group of 2) 0-2 or 3-4; in a
+    # single process the gather returns only its own episodes, so each part can be compared.
+    parts = []
+    for p in range(2):
+        process = multihost.ProcessInfo(index=p, count=2)
+        sharded = multihost.ShardedRolloutWorker(*worker_parts, process=process)
+        assert sharded.capacity == 4
+        parts += sharded.run(tasks, rng)
+    assert _played(parts) == _played(whole)
+
+
+# ---------------------------------------------------------------- 2 processes x 4 == 1 x 8
+
+# The test config with a batch that spans the 8 devices: a (4, 2, 1) mesh (rows over data and
+# fsdp, parameters split over fsdp), minibatches of 8 rows (one per device), 4 tasks x 2 episodes
+# per RL iteration played in waves of one task (pool of 2), 4 demonstrations (2 SFT epochs of one
+# batch of 8), 2 RL iterations with an entropy bonus so that the updates move the parameters.
+OVERRIDES = (
+    "--config.mesh=(4,2,1)",
+    "--config.env.num_workers=1",
+    "--config.rl.tasks_per_iteration=4",
+    "--config.rl.minibatch_size=8",
+    "--config.rl.entropy_coef=0.01",
+    "--config.sft.batch_size=8",
+    "--config.budget.total=60",
+    "--config.budget.sft_fraction=0.7",
+)
+
+
+def _train_cmd(workdir, *extra):
+    return [
+        sys.executable,
+        "-m",
+        "launch.train",
+        "--config=configs/tiny_textworld.py:test",
+        f"--workdir={workdir}",
+        *OVERRIDES,
+        *extra,
+    ]
+
+
+def _start(cmd, cache, devices, log_path):
+    env = dict(
+        os.environ,
+        AGENTRL_CACHE=str(cache),
+        JAX_PLATFORMS="cpu",
+        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
+    )
+    log = open(log_path, "w+b")  # noqa: SIM115 (closed in _wait)
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc.log = log
+    return proc
+
+
+def _wait(procs, timeout=900):
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    texts = []
+    for proc in procs:
+        proc.log.seek(0)
+        texts.append(proc.log.read().decode(errors="replace"))
+        proc.log.close()
+    for proc, text in zip(procs, texts):
+        assert proc.returncode == 0, text[-4000:]
+    return texts
+
+
+def _checkpoint_params(workdir, step=None):
+    """(step, {path: array}) of the policy parameters in a run's checkpoint (default: newest)."""
+    import orbax.checkpoint as ocp
+
+    directory = workdir / "checkpoints"
+    steps = sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit())
+    step = steps[-1] if step is None else step
+    path = directory / str(step) / "state"
+    with ocp.PyTreeCheckpointer() as ckpt:
+        tree = ckpt.metadata(path).item_metadata.tree
+        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+        state = ckpt.restore(path, restore_args=args)
+    flat = jax.tree_util.tree_leaves_with_path(state["train"]["policy"])
+    return step, {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
+
+
+def _max_diff(a, b):
+    assert a.keys() == b.keys()
+    return max(float(np.abs(a[k] - b[k]).max()) for k in a)
+
+
+@pytest.mark.slow
+def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld_games, tmp_path):
+    cache = textworld_games["root"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    _wait([_start(_train_cmd(one), cache, 8, tmp_path / "one.log")])
+
+    with socket.socket() as probe:  # a free port for the coordinator
+        probe.bind(("localhost", 0))
+        port = probe.getsockname()[1]
+    flags = (f"--coordinator_address=localhost:{port}", "--num_processes=2")
+    procs = [
+        _start(_train_cmd(two, *flags, f"--process_id={p}"), cache, 4, tmp_path / f"two.{p}.log")
+        for p in range(2)
+    ]
+    text0, text1 = _wait(procs)
+
+    # The same checkpoints, and the newest one's parameters equal the single process's.
+    step_one, params_one = _checkpoint_params(one)
+    step_two, params_two = _checkpoint_params(two)
+    assert step_one == step_two == 3  # SFT epoch 1, after SFT, RL iterations 1 and 2
+    diff = _max_diff(params_one, params_two)
+    print(f"max abs diff of the policy parameters, 2 x 4 vs 1 x 8: {diff:.3g}")
+    assert diff <= TOL
+    # Not vacuous: RL moved the parameters (2 Adam steps of 2e-4: about 4e-4) far beyond TOL.
+    _, after_sft = _checkpoint_params(two, step=1)
+    assert _max_diff(after_sft, params_two) > 10 * TOL
+
+    # The same episodes and updates, logged once by process 0.
+    ref, got = read_scalars(str(one / "tensorboard")), read_scalars(str(two / "tensorboard"))
+    for tag in (
+        "sft/nll",
+        "rollout/episodes",
+        "rollout/return",
+        "rollout/tokens_per_episode",
+        "rollout/episode_length",
+        "losses/entropy",
+        "train/grad_norm",
+    ):
+        want, have = np.array(ref[tag]), np.array(got[tag])
+        assert want.shape == have.shape and np.abs(want - have).max() <= TOL, (tag, want, have)
+    assert ref["rollout/episodes"] == [(1, 8.0), (2, 8.0)]
+    events = [n for n in os.listdir(two / "tensorboard") if "tfevents" in n]
+    assert len(events) == 1, events
+    # Only process 0 reports.
+    assert "| simple |" in text0 and "| simple |" not in text1
+    assert "eval after_rl" in text0 and "eval after_rl" not in text1
