@@ -9,6 +9,10 @@ with an error that names the field and lists the valid choices.
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import importlib.util
+import os
+import sys
 from typing import Any
 
 from agentrl_jax import kernels
@@ -123,6 +127,7 @@ class RunConfig:
     envrl: EnvrlSection
     checkpoint: CheckpointSection
     eval_every: int
+    plugins: tuple[str, ...] = ()
 
     @property
     def needs_critic(self) -> bool:
@@ -179,8 +184,57 @@ def _positive(path: str, value: float) -> None:
         raise ConfigError(f"{path} is {value!r}; expected > 0")
 
 
+def import_plugins(names) -> tuple[str, ...]:
+    """Imports the user modules named in ``config.plugins`` (they register estimators, losses).
+
+    A plugin is any importable module (``"my_losses"``, ``"mypkg.rl"``) whose import registers
+    things, e.g. with :func:`agentrl_jax.register_advantage_estimator` and
+    :func:`agentrl_jax.register_policy_loss`. Modules are found on ``sys.path``
+    (``python -m launch.train`` puts the current directory there). See docs/custom_losses.md.
+
+    Raises:
+      ConfigError: ``names`` is not a list of module names, or one cannot be imported (the
+        message names the module and the import error).
+    """
+    if isinstance(names, str) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(
+            f"config.plugins is {names!r}; expected a tuple of module names, e.g. ('my_losses',)"
+        )
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # Any failure while importing user code names the module.
+            raise ConfigError(
+                f"config.plugins: cannot import module {name!r}: {type(e).__name__}: {e} "
+                f"(is it on sys.path? sys.path[0] is {sys.path[0]!r})"
+            ) from e
+    return tuple(names)
+
+
+def load_config_file(spec: str):
+    """The ConfigDict of ``"configs/x.py"`` or ``"configs/x.py:arg"``, as ``--config=`` reads it.
+
+    Calls the file's ``get_config(arg)`` (``get_config()`` without ``:arg``), like absl's
+    ``config_flags.DEFINE_config_file``; overrides are then plain assignments
+    (``cd.rl.algo = "gagpo"``) before :func:`from_config_dict`.
+    """
+    path, _, arg = spec.partition(":")
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"config file {path!r} not found (from {spec!r})")
+    name = "agentrl_config_" + os.path.splitext(os.path.basename(path))[0]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.get_config(arg) if arg else module.get_config()
+
+
 def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
-    """Validates a ConfigDict and freezes it into a RunConfig (no compute happens here)."""
+    """Validates a ConfigDict and freezes it into a RunConfig (no compute happens here).
+
+    The modules in ``cd.plugins`` are imported first, so the estimators and losses they register
+    are valid names for ``rl.algo`` and ``rl.loss``.
+    """
+    plugins = import_plugins(tuple(cd.get("plugins", ()) or ()))
     model = _section(ModelSection, cd.get("model"), "config.model")
     if not model.checkpoint:
         _choice("config.model.preset", model.preset, PRESETS)
@@ -262,4 +316,5 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         envrl=envrl,
         checkpoint=ckpt,
         eval_every=int(cd.get("eval_every", 0)),
+        plugins=plugins,
     )

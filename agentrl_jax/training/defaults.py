@@ -8,6 +8,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.seed = 0
     c.mesh = (1, 1, 1)  # (data, fsdp, tp); the product must equal the device count
     c.eval_every = 0  # RL iterations between held-out evaluations (0: only before and after)
+    # Modules imported before validation: they register estimators, losses or envs by name
+    # (docs/custom_losses.md), e.g. --config.plugins="('my_losses',)".
+    c.plugins = ()
 
     c.model = dict(
         preset="tiny",
