@@ -38,7 +38,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         c.env.eval_levels = ("simple",)
         c.env.envs_per_worker = 2
         c.env.kwargs.max_steps = 3
-        c.rollout.update(max_turns=3, max_new_tokens=4, max_seq_len=512, group_size=2)
+        # 1024 tokens: a held-out game's first observation is ~630 tokens with a 300-token
+        # vocabulary, so a shorter context would end every evaluation episode before it starts.
+        c.rollout.update(max_turns=3, max_new_tokens=4, max_seq_len=1024, group_size=2)
         c.rollout.show_admissible = False
         c.model.tokenizer_vocab = 300
         c.model.overrides = dict(

@@ -137,6 +137,9 @@ def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
         "sft/nll",
     ):
         assert tag in ref, tag
+    # The held-out episodes really played: every evaluation took at least one turn.
+    for _, steps in ref["eval/simple/mean_steps"]:
+        assert steps >= 1
 
 
 def test_eval_entry_point_reports_and_plots(reference_run, textworld_games):
