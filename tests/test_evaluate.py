@@ -97,13 +97,14 @@ class RecordingSampler:
     """The real sampler, with a record of the sampling parameters each turn asked for."""
 
     def __init__(self, inner):
-        self.inner, self.sampling = inner, []
+        self.inner, self.asked = inner, []
+        self.sampling = inner.sampling  # the default, as the real sampler has it
 
     def start(self, *args):
         return self.inner.start(*args)
 
     def step_turn(self, cache, feed, max_new, rng, sampling=None):
-        self.sampling.append(sampling)
+        self.asked.append(sampling)
         return self.inner.step_turn(cache, feed, max_new, rng, sampling=sampling)
 
 
@@ -129,9 +130,9 @@ def worker(tmp_path_factory):
 @pytest.fixture(scope="module")
 def greedy(worker):
     pool, sampler = worker.pool, worker.sampler
-    pool.reset_sizes, pool.resets, sampler.sampling = [], [], []
+    pool.reset_sizes, pool.resets, sampler.asked = [], [], []
     result = evaluate(worker, TASKS, jax.random.key(0))
-    return result, list(pool.reset_sizes), list(pool.resets), list(sampler.sampling)
+    return result, list(pool.reset_sizes), list(pool.resets), list(sampler.asked)
 
 
 def test_greedy_evaluation_matches_hand_computed_numbers(greedy):
