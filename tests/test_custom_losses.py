@@ -4,11 +4,11 @@
 import json
 import math
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
+import train_cli
 
 from agentrl_jax import kernels
 from agentrl_jax.training.tensorboard import read_scalars
@@ -75,30 +75,16 @@ def test_truncated_is_pg_by_hand(custom_rl):
 def test_cli_trains_with_the_plugin_estimator_and_loss(textworld_games, tmp_path):
     """The README's command on the :test config: plugins, algo and loss from flags alone."""
     workdir = tmp_path / "custom"
-    env = dict(
-        os.environ,
-        AGENTRL_CACHE=str(textworld_games["root"]),
-        XLA_FLAGS="",
-        JAX_PLATFORMS="cpu",
-        PYTHONPATH=EXAMPLES,
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "launch.train",
-        "--config=configs/tiny_textworld.py:test",
-        f"--workdir={workdir}",
+    cmd = train_cli.train_cmd(
+        workdir,
         "--config.plugins=custom_rl",
         "--config.rl.algo=batch_mean_baseline",
         "--config.rl.loss=truncated_is_pg",
-    ]
-    log = tmp_path / "custom.log"
-    with open(log, "wb") as f:  # a file, not a pipe: a long run never blocks on a full pipe
-        proc = subprocess.run(
-            cmd, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=600
-        )
-    text = log.read_text(errors="replace")
-    assert proc.returncode == 0, text[-4000:]
+    )
+    proc = train_cli.start(
+        cmd, textworld_games["root"], tmp_path / "custom.log", PYTHONPATH=EXAMPLES
+    )
+    (text,) = train_cli.finish(proc)
     assert "RL gain" in text  # the before/after table: training finished
 
     # The estimator ran every RL iteration (it logs once per call).

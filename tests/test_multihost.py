@@ -2,12 +2,11 @@
 
 import os
 import socket
-import subprocess
-import sys
 
 import jax
 import numpy as np
 import pytest
+import train_cli
 from flax import nnx
 
 from agentrl_jax import sharding
@@ -21,7 +20,6 @@ from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
 from agentrl_jax.training.tensorboard import read_scalars
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOL = 1e-5  # fixed by the issue: f32 max abs diff of the parameters, 2 x 4 devices vs 1 x 8
 
 
@@ -199,48 +197,6 @@ OVERRIDES = (
 )
 
 
-def _train_cmd(workdir, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "launch.train",
-        "--config=configs/tiny_textworld.py:test",
-        f"--workdir={workdir}",
-        *OVERRIDES,
-        *extra,
-    ]
-
-
-def _start(cmd, cache, devices, log_path):
-    env = dict(
-        os.environ,
-        AGENTRL_CACHE=str(cache),
-        JAX_PLATFORMS="cpu",
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
-    )
-    log = open(log_path, "w+b")  # noqa: SIM115 (closed in _wait)
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.log = log
-    return proc
-
-
-def _wait(procs, timeout=900):
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-    texts = []
-    for proc in procs:
-        proc.log.seek(0)
-        texts.append(proc.log.read().decode(errors="replace"))
-        proc.log.close()
-    for proc, text in zip(procs, texts):
-        assert proc.returncode == 0, text[-4000:]
-    return texts
-
-
 def _checkpoint_params(workdir, step=None):
     """(step, {path: array}) of the policy parameters in a run's checkpoint (default: newest)."""
     import orbax.checkpoint as ocp
@@ -266,17 +222,27 @@ def _max_diff(a, b):
 def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld_games, tmp_path):
     cache = textworld_games["root"]
     one, two = tmp_path / "one", tmp_path / "two"
-    _wait([_start(_train_cmd(one), cache, 8, tmp_path / "one.log")])
+    train_cli.finish(
+        train_cli.start(
+            train_cli.train_cmd(one, *OVERRIDES), cache, tmp_path / "one.log", devices=8
+        ),
+        timeout=900,
+    )
 
     with socket.socket() as probe:  # a free port for the coordinator
         probe.bind(("localhost", 0))
         port = probe.getsockname()[1]
     flags = (f"--coordinator_address=localhost:{port}", "--num_processes=2")
     procs = [
-        _start(_train_cmd(two, *flags, f"--process_id={p}"), cache, 4, tmp_path / f"two.{p}.log")
+        train_cli.start(
+            train_cli.train_cmd(two, *OVERRIDES, *flags, f"--process_id={p}"),
+            cache,
+            tmp_path / f"two.{p}.log",
+            devices=4,
+        )
         for p in range(2)
     ]
-    text0, text1 = _wait(procs)
+    text0, text1 = train_cli.finish(*procs, timeout=900)
 
     # The same checkpoints, and the newest one's parameters equal the single process's.
     step_one, params_one = _checkpoint_params(one)

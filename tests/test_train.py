@@ -16,6 +16,8 @@ from agentrl_jax.training.tensorboard import read_scalars
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
+import train_cli  # noqa: E402
+
 from configs import tiny_textworld  # noqa: E402
 
 
@@ -65,32 +67,10 @@ def test_default_config_is_valid():
     assert isinstance(tiny_textworld.get_config("smoke"), ml_collections.ConfigDict)
 
 
-def _launch(workdir, cache, extra=()):
-    env = dict(os.environ, AGENTRL_CACHE=str(cache), XLA_FLAGS="", JAX_PLATFORMS="cpu")
-    cmd = [
-        sys.executable,
-        "-m",
-        "launch.train",
-        "--config=configs/tiny_textworld.py:test",
-        f"--workdir={workdir}",
-        *extra,
-    ]
-    # Output goes to a file, not a pipe: a run that is polled (not read) must never block on a
-    # full pipe buffer.
+def _launch(workdir, cache):
     os.makedirs(workdir, exist_ok=True)
-    log = open(os.path.join(workdir, "..", f"{os.path.basename(workdir)}.log"), "w+b")  # noqa: SIM115
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    proc.log = log
-    return proc
-
-
-def _finish(proc, timeout=600):
-    proc.wait(timeout=timeout)
-    proc.log.seek(0)
-    text = proc.log.read().decode(errors="replace")
-    proc.log.close()
-    assert proc.returncode == 0, text[-4000:]
-    return text
+    log = os.path.join(workdir, "..", f"{os.path.basename(workdir)}.log")
+    return train_cli.start(train_cli.train_cmd(workdir), cache, log)
 
 
 def _rl_iterations_checkpointed(directory) -> int:
@@ -110,7 +90,7 @@ def _last_by_step(scalars, tag):
 def reference_run(textworld_games, tmp_path_factory):
     """One uninterrupted run of the test config (SFT, 3 RL iterations, evaluations)."""
     workdir = tmp_path_factory.mktemp("train") / "ref"
-    text = _finish(_launch(workdir, textworld_games["root"]))
+    (text,) = train_cli.finish(_launch(workdir, textworld_games["root"]))
     return workdir, text
 
 
@@ -183,7 +163,7 @@ def test_sigkill_mid_iteration_then_resume_repeats_the_uninterrupted_run(
     proc.wait()
     proc.log.close()
     # The same command with the same workdir resumes.
-    _finish(_launch(run_dir, cache))
+    train_cli.finish(_launch(run_dir, cache))
     run = read_scalars(str(run_dir / "tensorboard"))
     for tag in ("rollout/return", "losses/policy_loss", "losses/entropy", "train/grad_norm"):
         want, got = _last_by_step(ref, tag), _last_by_step(run, tag)

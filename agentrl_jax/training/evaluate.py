@@ -194,9 +194,8 @@ def evaluate(
         cfg = dataclasses.replace(worker.config, group_size=1)
         worker = worker.with_config(cfg)
     group = worker.config.group_size
-    # A multi-host worker plays all processes' pools at once (``ShardedRolloutWorker.capacity``).
-    pool_capacity = getattr(worker, "capacity", None) or getattr(worker.pool, "capacity", None)
-    capacity = batch_size or pool_capacity or len(tasks) * group
+    # A multi-host worker's capacity is all processes' pools together.
+    capacity = batch_size or worker.capacity or len(tasks) * group
     per_call = max(1, capacity // group)
     trajs: list[Trajectory] = []
     for c, start in enumerate(range(0, len(tasks), per_call)):

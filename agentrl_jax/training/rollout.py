@@ -118,13 +118,18 @@ class RolloutWorker:
         new.system_ids = self.template.system_ids(self.tokenizer, config.system_prompt)
         return new
 
+    @property
+    def capacity(self) -> int | None:
+        """Episodes the actor pool plays at once (None: a pool without a limit)."""
+        return getattr(self.pool, "capacity", None)
+
     def wave_size(self, num_tasks: int, group_size: int) -> int:
         """Tasks per wave: the episodes the actor pool plays at once (all tasks without a pool).
 
         Raises:
           ValueError: when one task's group does not fit the pool.
         """
-        capacity = getattr(self.pool, "capacity", None)
+        capacity = getattr(self.pool, "capacity", None)  # this process's pool (waves are local)
         per_wave = num_tasks if not capacity else max(1, capacity // group_size)
         if per_wave < 1 or (capacity and group_size > capacity):
             raise ValueError(

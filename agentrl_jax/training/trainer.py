@@ -22,6 +22,7 @@ import functools
 import json
 import math
 import os
+import pathlib
 import time
 from typing import Any
 
@@ -179,9 +180,7 @@ class Trainer:
             if not os.path.isfile(os.path.join(path, "tokenizer.json")):
                 self._build_tokenizer(path)
             return {
-                name: open(os.path.join(path, name), "rb").read()  # noqa: SIM115
-                for name in sorted(os.listdir(path))
-                if os.path.isfile(os.path.join(path, name))
+                f.name: f.read_bytes() for f in sorted(pathlib.Path(path).iterdir()) if f.is_file()
             }
 
         saved = multihost.broadcast_object(files)
