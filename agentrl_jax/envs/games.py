@@ -202,6 +202,9 @@ def _generate(spec: GameSpec, seed: int, split: str, path: str) -> None:
     import textworld.generator  # noqa: PLC0415
 
     options = textworld.GameOptions()
+    # The knowledge base TextWorld loaded at import: GameOptions would otherwise parse its logic
+    # files again for every game (over half of a simple game's generation time).
+    options.kb = textworld.generator.KnowledgeBase.default()
     options.seeds = seed
     options.path = path
     options.force_recompile = True
