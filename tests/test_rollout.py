@@ -30,13 +30,16 @@ class ScriptedPool:
         self.lengths = lengths
         self.t = []
 
+    def _obs_commands(self):
+        return ("go north", "go south", "take coin", "take coin from chest")
+
     def _obs(self, i):
         t = self.t[i]
         return Observation(
             objective="take the coin",
             text=f"room {t}",
             feedback=f"you did step {t}",
-            admissible_commands=("go north", "take coin"),
+            admissible_commands=self._obs_commands(),
         )
 
     def reset(self, tasks):
@@ -85,15 +88,18 @@ def setup(tmp_path_factory):
     return tok, policy, template, sampler
 
 
-def _rollout(setup, mode, lengths=(2, 3), max_turns=4, max_seq_len=512, sampling=None):
+def _rollout(
+    setup, mode, lengths=(2, 3), max_turns=4, max_seq_len=512, sampling=None, constrain=False
+):
     tok, policy, template, sampler = setup
     cfg = RolloutConfig(
         group_size=2,
         max_turns=max_turns,
-        max_new_tokens=6,
+        max_new_tokens=12 if constrain else 6,  # the longest command is 11 tokens
         max_seq_len=max_seq_len,
         context_mode=mode,
         history_turns=1,
+        constrain_actions=constrain,
     )
     worker = RolloutWorker(ScriptedPool(lengths), sampler, tok, template, cfg)
     tasks = [Task("scripted", "train", "a"), Task("scripted", "train", "b")]
@@ -137,6 +143,53 @@ def test_sampler_logprobs_equal_the_learners_teacher_forced_logprobs(setup, temp
     logp = np.asarray(learner.policy_logprobs(state.policy, batch))
     on = rows.loss_mask > 0
     np.testing.assert_allclose(logp[on], rows.old_logprobs[on], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("mode, temperature", [("episode", 1.0), ("episode", 0.6), ("step", 1.0)])
+def test_constrained_actions_are_admissible_and_the_learner_normalises_over_the_same_ids(
+    setup, mode, temperature
+):
+    tok, policy, template, sampler = setup
+    stop = template.stop_id(tok)
+    commands = {
+        c: tok.encode(c, add_special_tokens=False) + [stop]
+        for c in ScriptedPool([1])._obs_commands()
+    }
+    trajs, worker = _rollout(
+        setup, mode, sampling=SamplingParams(temperature=temperature), constrain=True
+    )
+    # A random policy writes nothing admissible unconstrained; constrained, it writes only
+    # admissible commands, token for token as the tokenizer encodes them.
+    assert all(s.action_ids in commands.values() for t in trajs for s in t.steps)
+    assert set(worker.pool.actions) <= set(commands)
+    rows = (episode_rows if mode == "episode" else step_rows)(trajs, 512, tok.pad_token_id)
+    on = rows.loss_mask > 0
+    # Independent reference: the teacher-forced logits of the rows, each action token
+    # normalised over the next ids of the commands that match the action so far.
+    logits, _ = policy(rows.tokens, mask_bt=rows.mask)
+    logits = np.asarray(logits, np.float64) / temperature
+    expected = np.zeros(rows.tokens.shape)
+    for r in range(rows.tokens.shape[0]):
+        for t in np.flatnonzero(on[r]):
+            k = t - 1
+            while on[r, k]:
+                k -= 1
+            prefix = rows.tokens[r, k + 1 : t].tolist()
+            ids = sorted({c[len(prefix)] for c in commands.values() if c[: len(prefix)] == prefix})
+            assert sorted(rows.allowed[r, t][rows.allowed[r, t] >= 0].tolist()) == ids
+            z = logits[r, t - 1]
+            expected[r, t] = (
+                z[rows.tokens[r, t]] - np.log(np.sum(np.exp(z[ids] - z.max()))) - z.max()
+            )
+    np.testing.assert_allclose(rows.old_logprobs[on], expected[on], atol=2e-5, rtol=0)
+    learner = Learner(policy, None, optax.sgd(0.0), temperature=temperature)
+    state = learner.init(policy)
+    batch = {"tokens": rows.tokens, "mask": rows.mask, "allowed": rows.allowed}
+    logp = np.asarray(learner.policy_logprobs(state.policy, batch))
+    np.testing.assert_allclose(logp[on], rows.old_logprobs[on], atol=1e-5, rtol=0)
+    # Greedy (evaluation) turns are constrained too.
+    greedy, worker = _rollout(setup, mode, sampling=SamplingParams(temperature=0.0), constrain=True)
+    assert set(worker.pool.actions) <= set(commands)
 
 
 def test_lossy_round_trip_text_cannot_change_what_is_trained(setup):

@@ -109,6 +109,48 @@ def test_per_row_stop_on_eos_and_stop_sequences(model, greedy):
     assert int(out.done_reason[1]) in (DoneReason.EOS, DoneReason.STOP_SEQUENCE)
 
 
+def test_choices_constrain_rows_to_their_sequences_and_leave_free_rows_alone(model, forcer):
+    """Constrained rows write one of their choices; every draw is from the policy masked to
+    the ids that continue a choice (checked against teacher forcing); free rows are unchanged."""
+    params = SamplingParams(temperature=0.8, top_k=3)
+    sampler = Sampler(model, sampling=params, stop=StopConfig(eos_ids=(7,)), pad_id=PAD, **BUCKETS)
+    ps = prompts([5, 16, 1, 11], seed=3)
+    choices = [
+        None,
+        [[11, 12, 7], [11, 13, 14, 7], [20, 7], [21, 22, 23, 24, 25, 7]],
+        [[30, 31, 7]],
+        [[40, 7], [40, 41, 7], [42, 43, 7]],
+    ]
+    seen = {b: set() for b in range(4)}
+    for key in range(6):
+        free = sampler.generate(ps, 8, jax.random.key(key))
+        out = sampler.step_turn(sampler.start(4, 64), ps, 8, jax.random.key(key), choices=choices)
+        gens = out.token_lists()
+        assert gens[0] == free.token_lists()[0]  # same key, no choices: the same draw
+        assert out.allowed_lists()[0] is None
+        logits = forcer.logits([p + g for p, g in zip(ps, gens)])
+        for b in (1, 2, 3):
+            assert gens[b] in choices[b], (b, gens[b])
+            seen[b].add(tuple(gens[b]))
+            allowed = out.allowed_lists()[b]
+            for i, (tok, pos) in enumerate(zip(gens[b], positions(ps[b], gens[b]))):
+                ids = sorted({c[i] for c in choices[b] if c[:i] == gens[b][:i]})
+                assert sorted(allowed[i]) == ids
+                # Reference: temperature, then the mask, then top-k over the allowed ids.
+                z = logits[b, pos, ids] / 0.8
+                kept = np.sort(z)[::-1][: min(3, len(ids))][-1]
+                z = np.where(z >= kept, z, -np.inf)
+                expected = z[ids.index(tok)] - np.log(np.sum(np.exp(z - z.max()))) - z.max()
+                np.testing.assert_allclose(float(out.logprobs[b, i]), expected, atol=1e-5)
+    assert len(seen[1]) > 1 and len(seen[3]) > 1  # sampling really chose between choices
+    with pytest.raises(ValueError, match=r"choices\[2\]\[0\] = \[\]: expected a non-empty"):
+        sampler.step_turn(
+            sampler.start(4, 64), ps, 8, jax.random.key(0), choices=[None, None, [[]], None]
+        )
+    with pytest.raises(ValueError, match="choices has 2 rows; the cache has batch 4"):
+        sampler.step_turn(sampler.start(4, 64), ps, 8, jax.random.key(0), choices=[None, [[1]]])
+
+
 def test_prefill_only_and_inactive_rows(greedy):
     out = greedy.step_turn(
         greedy.start(4, 64), [[5, 6, 7], [], [8], [9, 9]], [0, 4, 2, 16], jax.random.key(0)

@@ -1,18 +1,24 @@
 """The launcher end to end: config validation before compute, a short run, SIGKILL and resume."""
 
 import contextlib
+import dataclasses
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+import types
 
 import ml_collections
 import pytest
 
+from agentrl_jax.envs.base import Task
+from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training.config import ConfigError, from_config_dict
 from agentrl_jax.training.tensorboard import read_scalars
+from agentrl_jax.training.trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -44,6 +50,12 @@ def _config(**sections):
         (dict(mesh=(2, 2, 1)), r"needs 4 devices; this run has 1"),
         (dict(model=dict(preset="qwen9")), "config.model.preset is 'qwen9'; valid choices"),
         (dict(rl=dict(aggregation="mean")), "aggregation"),
+        (dict(rl=dict(task_pool="fresh")), r"config.rl.task_pool is 'fresh'; valid choices"),
+        (
+            dict(env=dict(num_train_tasks=400)),
+            r"num_train_tasks=400 .* leave none after the budget's 400 demonstrations",
+        ),
+        (dict(sft=dict(end_lr_fraction=1.5)), r"config.sft.end_lr_fraction is 1.5"),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):
@@ -65,6 +77,30 @@ def test_default_config_is_valid():
     gae = _config(rl=dict(algo="gae"))
     assert from_config_dict(gae, num_devices=1).needs_critic
     assert isinstance(tiny_textworld.get_config("smoke"), ml_collections.ConfigDict)
+
+
+def test_rl_task_pool_unseen_leaves_out_every_demonstration_game():
+    """``rl.task_pool='unseen'``: RL draws only train games that no SFT demonstration used."""
+    tasks = [Task(env="textworld", split="train", id=f"g/{i}") for i in range(7)]
+    cfg = from_config_dict(
+        _config(
+            rl=dict(task_pool="unseen"),
+            env=dict(num_train_tasks=7),
+            budget=dict(total=60, sft_fraction=0.5),  # 3 demonstrations
+        ),
+        num_devices=1,
+    )
+    trainer = types.SimpleNamespace(
+        config=cfg, budget=budget_lib.from_config(cfg.budget), train_tasks={"simple": tasks}
+    )
+    trainer.demonstration_tasks = functools.partial(Trainer.demonstration_tasks, trainer)
+    demos = {t.id for t in trainer.demonstration_tasks()}
+    assert demos == {"g/0", "g/1", "g/2"}
+    rl = Trainer.rl_tasks.func(trainer)["simple"]
+    assert [t.id for t in rl] == ["g/3", "g/4", "g/5", "g/6"]
+    every = dataclasses.replace(cfg, rl=dataclasses.replace(cfg.rl, task_pool="all"))
+    trainer.config = every
+    assert Trainer.rl_tasks.func(trainer)["simple"] == tasks
 
 
 def _launch(workdir, cache):

@@ -16,6 +16,12 @@
    and no chunk padded one past its bucket.)
 3. Rows with ``num_new_b[b] == 0`` are inactive: nothing is written to their cache slots and
    their length does not move (the model drops writes of padding positions).
+
+Choices (constrained decoding): a row given ``choices_bcl[b]`` (C token sequences, -1 padded,
+each ending with the stop token) can only generate one of them. Before each draw the logits of
+every token that no choice consistent with the row's tokens so far continues with are set to
+-inf, so both log-probs are of that masked distribution; the token ids each draw allowed are
+returned (``TurnArrays.allowed``) so a learner can normalise over exactly the same set.
 """
 
 from __future__ import annotations
@@ -40,6 +46,9 @@ class TurnArrays:
       policy_logprobs: [B, W] float32 log-probs under the raw policy at temperature 1.
       lengths: [B] int32 tokens generated per row.
       done_reason: [B] int32 ``DoneReason`` per row.
+      allowed: [B, W, C] int32 the distinct token ids the draw of each generated token was
+        restricted to, -1 padded; all -1 for a row without choices (the whole vocabulary).
+        C is 0 when the turn had no choices at all.
     """
 
     tokens: jax.Array
@@ -47,6 +56,7 @@ class TurnArrays:
     policy_logprobs: jax.Array
     lengths: jax.Array
     done_reason: jax.Array
+    allowed: jax.Array
 
 
 @flax.struct.dataclass
@@ -57,6 +67,7 @@ class _Carry:
     last_b: jax.Array  # [B] int32 the row's last drawn token
     unfed_b: jax.Array  # [B] bool the row drew last_b this iteration: feed it to the model
     done_b: jax.Array  # [B] bool the row draws no more tokens this turn
+    alive_bc: jax.Array  # [B, C] bool choice c matches every token the row drew so far
     out: TurnArrays
 
 
@@ -68,6 +79,7 @@ def run_turn(
     num_new_b: jax.Array,
     max_new_b: jax.Array,
     rng: jax.Array,
+    choices_bcl: jax.Array | None = None,
     *,
     width: int,
     sampling: SamplingParams,
@@ -84,6 +96,8 @@ def run_turn(
       max_new_b: [B] int32 tokens to generate per row, <= width (the caller checked that the
         cache has room for ``lengths + num_new + max_new`` tokens).
       rng: PRNG key for this turn.
+      choices_bcl: None, or [B, C, L] int32 (L >= 1) the sequences each row may generate,
+        -1 padded; a row whose choices are all -1 is unconstrained.
       width: static output width W.
       sampling, stop, pad_id: static settings.
 
@@ -97,11 +111,36 @@ def run_turn(
     eos_e = jnp.asarray(stop.eos_ids, jnp.int32)
     stop_qw, stop_len_q = (jnp.asarray(a) for a in stop.stop_table())
 
+    num_choices = 0 if choices_bcl is None else choices_bcl.shape[1]
+    if num_choices:
+        constrained_b = jnp.any(choices_bcl[:, :, 0] >= 0, axis=1)
+
     def record(carry: _Carry, logits_bv: jax.Array, key: jax.Array) -> _Carry:
         """Draws a token for every row still generating and checks its stop conditions."""
         drawing_b = ~carry.done_b
-        tok_b, lp_b, plp_b = draw(key, logits_bv, sampling)
         out = carry.out
+        alive_bc = carry.alive_bc
+        if num_choices:
+            # The next token of every choice still consistent with what the row drew.
+            pos_b = jnp.minimum(out.lengths, choices_bcl.shape[2] - 1)
+            next_bc = jnp.take_along_axis(choices_bcl, pos_b[:, None, None], axis=2)[..., 0]
+            next_bc = jnp.where(out.lengths[:, None] < choices_bcl.shape[2], next_bc, -1)
+            valid_bc = alive_bc & (next_bc >= 0)
+            # A row whose choices are spent (none continues) draws unconstrained.
+            limit_b = constrained_b & jnp.any(valid_bc, axis=1)
+            vocab = logits_bv.shape[-1]
+            allowed_bv = (
+                jnp.zeros(logits_bv.shape, jnp.bool_)
+                .at[rows_b[:, None], jnp.where(valid_bc, next_bc, vocab)]
+                .set(True, mode="drop")
+            )
+            logits_bv = jnp.where(limit_b[:, None] & ~allowed_bv, -jnp.inf, logits_bv)
+            # The distinct allowed ids (the first choice holding each one), -1 elsewhere.
+            same_bcc = (next_bc[:, :, None] == next_bc[:, None, :]) & valid_bc[:, None, :]
+            earlier_cc = jnp.tril(jnp.ones((num_choices, num_choices), jnp.bool_), k=-1)
+            first_bc = valid_bc & ~jnp.any(same_bcc & earlier_cc[None], axis=2)
+            ids_bc = jnp.where(first_bc & limit_b[:, None], next_bc, -1)
+        tok_b, lp_b, plp_b = draw(key, logits_bv, sampling)
         # Rows not drawing write to column W (out of bounds), which is dropped.
         col_b = jnp.where(drawing_b, out.lengths, width)
         tokens = out.tokens.at[rows_b, col_b].set(tok_b, mode="drop")
@@ -114,17 +153,23 @@ def run_turn(
             DoneReason.EOS,
             jnp.where(stop_b, DoneReason.STOP_SEQUENCE, out.done_reason),
         ).astype(jnp.int32)
+        allowed = out.allowed
+        if num_choices:
+            allowed = allowed.at[rows_b, col_b].set(ids_bc, mode="drop")
+            alive_bc = alive_bc & ~(drawing_b[:, None] & (next_bc != tok_b[:, None]))
         out = TurnArrays(
             tokens=tokens,
             logprobs=out.logprobs.at[rows_b, col_b].set(lp_b, mode="drop"),
             policy_logprobs=out.policy_logprobs.at[rows_b, col_b].set(plp_b, mode="drop"),
             lengths=lengths,
             done_reason=reason_b,
+            allowed=allowed,
         )
         return carry.replace(
             last_b=jnp.where(drawing_b, tok_b, carry.last_b),
             unfed_b=drawing_b,
             done_b=carry.done_b | eos_b | stop_b | full_b,
+            alive_bc=alive_bc,
             out=out,
         )
 
@@ -141,12 +186,14 @@ def run_turn(
         last_b=jnp.zeros((b,), jnp.int32),
         unfed_b=jnp.zeros((b,), jnp.bool_),
         done_b=max_new_b <= 0,
+        alive_bc=jnp.ones((b, num_choices), jnp.bool_),
         out=TurnArrays(
             tokens=jnp.full((b, width), pad_id, jnp.int32),
             logprobs=jnp.zeros((b, width), jnp.float32),
             policy_logprobs=jnp.zeros((b, width), jnp.float32),
             lengths=jnp.zeros((b,), jnp.int32),
             done_reason=reason_b.astype(jnp.int32),
+            allowed=jnp.full((b, width, num_choices), -1, jnp.int32),
         ),
     )
 

@@ -39,6 +39,8 @@ class TurnOutput:
         temperature 1 (what a teacher-forced forward pass gives). 0 beyond ``lengths[b]``.
       lengths: [B] int32 tokens generated per row this turn.
       done_reason: [B] int32 ``DoneReason`` per row.
+      allowed: [B, W, C] int32 with ``choices``: the distinct ids each draw was restricted to
+        (-1 padded; all -1 for an unconstrained row). C is 0 for a turn without choices.
       cache: the episode's KVCache holding the whole conversation so far (every generated
         token included); pass it to the next ``step_turn``.
     """
@@ -49,11 +51,24 @@ class TurnOutput:
     lengths: jax.Array
     done_reason: jax.Array
     cache: KVCache
+    allowed: jax.Array | None = None
 
     def token_lists(self) -> list[list[int]]:
         """The generated ids per row on the host, without padding."""
         tokens, lengths = np.asarray(self.tokens), np.asarray(self.lengths)
         return [tokens[b, : lengths[b]].tolist() for b in range(tokens.shape[0])]
+
+    def allowed_lists(self) -> list[list[list[int]] | None]:
+        """Per row, per generated token, the ids its draw was restricted to (None: any id)."""
+        b = int(self.tokens.shape[0])
+        if self.allowed is None or self.allowed.shape[2] == 0:
+            return [None] * b
+        allowed, lengths = np.asarray(self.allowed), np.asarray(self.lengths)
+        out = []
+        for r in range(b):
+            ids = [[int(i) for i in a if i >= 0] for a in allowed[r, : lengths[r]]]
+            out.append(ids if any(ids) else None)
+        return out
 
 
 class Sampler:
@@ -148,6 +163,7 @@ class Sampler:
         rng: jax.Array,
         *,
         sampling: SamplingParams | None = None,
+        choices: Sequence[Sequence[Sequence[int]] | None] | None = None,
     ) -> TurnOutput:
         """Appends each row's new tokens to its conversation and generates its next action.
 
@@ -160,6 +176,10 @@ class Sampler:
           max_new_tokens: tokens to generate, for all rows or per row (0: only prefill).
           rng: PRNG key for this turn (fold in the turn index for a fresh one each turn).
           sampling: overrides the sampler's default settings for this turn.
+          choices: constrained decoding: per row, the token sequences it may generate (each
+            should end with a stop token), or None for a free row. The row draws from the
+            policy masked to the tokens that continue a choice (see ``loop.run_turn``); the
+            allowed ids of every draw come back in ``TurnOutput.allowed``.
 
         Returns:
           TurnOutput with the generated ids, both log-probs, lengths, done reasons, new cache.
@@ -171,9 +191,10 @@ class Sampler:
         sampling = sampling or self.sampling
         chunk_bt, num_new_b, max_new_b = self._check_and_pad(cache, new_tokens, max_new_tokens)
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
+        choices_bcl = self._choices_array(choices, cache.batch, width)
         fn = self._turn_fn(sampling, width)
         with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
-            out, cache = fn(self.state, cache, chunk_bt, num_new_b, max_new_b, rng)
+            out, cache = fn(self.state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl)
         return TurnOutput(
             tokens=out.tokens,
             logprobs=out.logprobs,
@@ -181,7 +202,29 @@ class Sampler:
             lengths=out.lengths,
             done_reason=out.done_reason,
             cache=cache,
+            allowed=out.allowed,
         )
+
+    def _choices_array(self, choices, batch: int, width: int) -> np.ndarray | None:
+        """[B, C, W] int32 choices, -1 padded, C rounded up to a power of two (None: no row has
+        choices). Ids past the turn's width are cut (the row stops at max_new_tokens anyway)."""
+        if choices is None or not any(choices):
+            return None
+        if len(choices) != batch:
+            raise ValueError(f"choices has {len(choices)} rows; the cache has batch {batch}")
+        vocab = self.cfg.vocab_size
+        most = max(len(c) for c in choices if c)
+        out = np.full((batch, 1 << (most - 1).bit_length(), width), -1, np.int32)
+        for r, row in enumerate(choices):
+            for c, seq in enumerate(row or ()):
+                seq = np.asarray(seq, np.int64).reshape(-1)[:width]
+                if not seq.size or seq.min() < 0 or seq.max() >= vocab:
+                    raise ValueError(
+                        f"choices[{r}][{c}] = {seq.tolist()}: expected a non-empty sequence of "
+                        f"ids in [0, {vocab})"
+                    )
+                out[r, c, : seq.size] = seq
+        return out
 
     def generate(
         self,
@@ -203,7 +246,7 @@ class Sampler:
         key = (sampling, width)
         if key not in self._jitted:
 
-            def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng):
+            def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl):
                 self.num_traces += 1  # Python side effect: runs only while tracing.
                 out, new_cache = run_turn(
                     self.graphdef,
@@ -213,6 +256,7 @@ class Sampler:
                     num_new_b,
                     max_new_b,
                     rng,
+                    choices_bcl,
                     width=width,
                     sampling=sampling,
                     stop=self.stop,

@@ -17,12 +17,15 @@ from typing import Any
 
 from agentrl_jax import kernels
 from agentrl_jax.models.config import PRESETS
+from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training.curriculum import CurriculumConfig
 from agentrl_jax.training.rollout import RolloutConfig
 
 DTYPES = ("float32", "bfloat16")
 REWARDS = ("sparse", "dense")
 KL_MODES = ("loss", "reward")
+# Which train games RL draws from: all of them, or those no SFT demonstration used.
+TASK_POOLS = ("all", "unseen")
 TEMPLATES = ("plain", "qwen")
 
 
@@ -56,10 +59,18 @@ class EnvSection:
 
 @dataclasses.dataclass(frozen=True)
 class SFTSection:
+    """SFT: Adam with linear warmup, then cosine decay to ``learning_rate * end_lr_fraction``.
+
+    ``group_by_length``: windows of that many batches are sorted by length before batching
+    (less padding; see ``sft_data.SftDataConfig``); 0 batches in shuffled order.
+    """
+
     epochs: int = 2
     batch_size: int = 16
     learning_rate: float = 1e-3
     warmup_steps: int = 10
+    end_lr_fraction: float = 0.1
+    group_by_length: int = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +107,7 @@ class RLSection:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    task_pool: str = "all"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -251,13 +263,28 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     _choice("config.rl.algo", rl.algo, kernels.advantage_estimators())
     _choice("config.rl.loss", rl.loss, kernels.policy_losses())
     _choice("config.rl.kl_mode", rl.kl_mode, KL_MODES)
+    _choice("config.rl.task_pool", rl.task_pool, TASK_POOLS)
     for name in ("actor_lr", "critic_lr", "max_grad_norm"):
         _positive(f"config.rl.{name}", getattr(rl, name))
     for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
         _positive(f"config.rl.{name}", getattr(rl, name))
     _positive("config.sft.learning_rate", sft.learning_rate)
+    if not 0.0 <= sft.end_lr_fraction <= 1.0:
+        raise ConfigError(f"config.sft.end_lr_fraction is {sft.end_lr_fraction}; expected [0, 1]")
+    if sft.group_by_length < 0:
+        raise ConfigError(f"config.sft.group_by_length is {sft.group_by_length}; expected >= 0")
     if not 0.0 <= budget.sft_fraction <= 1.0:
         raise ConfigError(f"config.budget.sft_fraction is {budget.sft_fraction}; expected [0, 1]")
+    try:
+        num_demos = budget_lib.from_config(budget).num_demos
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
+    if rl.task_pool == "unseen" and env.num_train_tasks <= num_demos:
+        raise ConfigError(
+            f"config.rl.task_pool='unseen' plays train games no demonstration used, but "
+            f"config.env.num_train_tasks={env.num_train_tasks} games per level leave none after "
+            f"the budget's {num_demos} demonstrations; raise num_train_tasks above {num_demos}"
+        )
     spec = kernels.get_advantage_spec(rl.algo)
     if spec.needs_values and rollout.context_mode != "episode":
         raise ConfigError(

@@ -41,9 +41,18 @@ def base_config() -> ml_collections.ConfigDict:
         history_turns=2,
         system_prompt="You are playing a text game. Reply with one command.",
         show_admissible=True,
+        # Constrained decoding: the policy can only write an admissible command.
+        constrain_actions=False,
     )
     c.curriculum = dict(stages=[], stage_iterations=(), advance_at=None, window=64)
-    c.sft = dict(epochs=3, batch_size=16, learning_rate=2e-3, warmup_steps=10)
+    c.sft = dict(
+        epochs=3,
+        batch_size=16,
+        learning_rate=2e-3,
+        warmup_steps=10,
+        end_lr_fraction=0.1,  # cosine decay from learning_rate to this fraction of it
+        group_by_length=8,  # sort windows of 8 batches by length: less padding
+    )
     c.budget = dict(total=4000, sft_fraction=0.5)
     c.rl = dict(
         algo="grpo",
@@ -70,6 +79,7 @@ def base_config() -> ml_collections.ConfigDict:
         temperature=1.0,
         top_p=1.0,
         top_k=0,
+        task_pool="all",  # or "unseen": only train games no SFT demonstration used
     )
     c.envrl = dict(enabled=False, sp_weight=0.1, id_weight=0.1, horizon=100)
     c.checkpoint = dict(keep_last=2, keep_best=1, every=5)

@@ -10,6 +10,10 @@ Temperature: RL rollouts sample from ``softmax(logits / T)``, so the RL loss, th
 log-probs and the entropy are all computed from ``logits / T`` (``temperature``): the policy being
 optimised is the one that acted. SFT and greedy evaluation use the raw logits.
 
+Constrained decoding: a batch with ``allowed`` [B, T, K] (the ids the sampler restricted the
+draw of token t to, -1 padded; all -1: unconstrained) gets every logit outside that set masked
+before the softmax, so log-probs, ratios, KL and entropy are of the distribution that acted.
+
 Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
 line up with the token they score; column 0 (never an action token) is 0.
@@ -59,6 +63,35 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
     logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
     taken = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
     return jnp.pad(taken, ((0, 0), (1, 0)))
+
+
+# Masked logits: finite, so entropies stay finite (p * log p = 0 * -1e30 = 0), and far enough
+# below any real logit that exp underflows to exactly 0, as the sampler's -inf does.
+_MASKED = -1e30
+
+
+def mask_to_allowed(logits_btv: jax.Array, allowed_btk: jax.Array) -> jax.Array:
+    """Masks the logits at t - 1 (which predict token t) to the ids ``allowed[:, t]``.
+
+    Args:
+      logits_btv: [B, T, V] logits.
+      allowed_btk: [B, T, K] int32 ids token t could be drawn from, -1 padded; a position whose
+        ids are all -1 keeps the whole vocabulary.
+    """
+    b, t, v = logits_btv.shape
+    # The set for token t applies to the logits at t - 1; the last position predicts nothing.
+    ids_btk = jnp.pad(allowed_btk[:, 1:], ((0, 0), (0, 1), (0, 0)), constant_values=-1)
+    keep_btv = (
+        jnp.zeros((b, t, v), jnp.bool_)
+        .at[
+            jnp.arange(b)[:, None, None],
+            jnp.arange(t)[None, :, None],
+            jnp.where(ids_btk >= 0, ids_btk, v),
+        ]
+        .set(True, mode="drop")
+    )
+    constrained_bt = jnp.any(ids_btk >= 0, axis=-1)
+    return jnp.where(constrained_bt[..., None] & ~keep_btv, _MASKED, logits_btv)
 
 
 def shift_right(x_bt: jax.Array) -> jax.Array:
@@ -181,13 +214,17 @@ class Learner:
 
     # ---------------------------------------------------------------- forward passes
 
-    def _rl_logits(self, model, tokens, mask):
-        logits, _ = model(tokens, mask_bt=mask)
-        return logits if self.temperature == 1.0 else logits / self.temperature
+    def _rl_logits(self, model, batch):
+        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        if "allowed" in batch:
+            logits = mask_to_allowed(logits, batch["allowed"])
+        return logits
 
     def _policy_logprobs(self, policy_state, batch):
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits = self._rl_logits(model, batch["tokens"], batch["mask"])
+        logits = self._rl_logits(model, batch)
         return token_logprobs(logits, batch["tokens"])
 
     def _values(self, value_state, batch):
@@ -207,7 +244,7 @@ class Learner:
         policy_state, value_state = params
         cfg, w = self.loss_config, self.weights
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits = self._rl_logits(model, batch["tokens"], batch["mask"])
+        logits = self._rl_logits(model, batch)
         logp = token_logprobs(logits, batch["tokens"])
         mask = batch["loss_mask"]
         pg, pg_metrics = self.policy_loss_fn(

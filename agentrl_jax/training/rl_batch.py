@@ -80,6 +80,7 @@ def _pad_rows(rows: TokenRows, num_rows: int, pad_id: int) -> TokenRows:
         step_ids=pad(rows.step_ids, -1),
         old_logprobs=pad(rows.old_logprobs, 0),
         traj_index=pad(rows.traj_index, -1),
+        allowed=pad(rows.allowed, -1),
     )
 
 

@@ -43,6 +43,11 @@ class RolloutConfig:
     history_turns: k, the turns kept in a step-wise context.
     system_prompt: text before the first observation.
     show_admissible: list the admissible commands in each observation.
+    constrain_actions: constrained decoding: the policy can only write one of the
+      observation's admissible commands (closed with the stop token). Every draw is from the
+      policy masked to the tokens that continue an admissible command; the allowed ids are
+      stored with the action so the learner normalises over the same set. Observations without
+      admissible commands leave the turn unconstrained.
     """
 
     group_size: int = 1
@@ -53,6 +58,7 @@ class RolloutConfig:
     history_turns: int = 2
     system_prompt: str = "You are playing a text game. Reply with one command."
     show_admissible: bool = True
+    constrain_actions: bool = False
 
     def __post_init__(self):
         if self.context_mode not in CONTEXT_MODES:
@@ -184,6 +190,7 @@ class RolloutWorker:
         results = self.pool.reset(episodes)
         live = []  # per episode: still playing
         pending_ids: list[list[int]] = []
+        choices: list[list[list[int]] | None] = [None] * len(episodes)  # constrain_actions
         history: list[list[list[int]]] = [[] for _ in episodes]  # step mode: per-turn ids
         headers: list[list[int]] = [[] for _ in episodes]  # step mode: system prompt + goal
         for i, res in enumerate(results):
@@ -194,6 +201,7 @@ class RolloutWorker:
                 continue
             live.append(True)
             pending_ids.append(self._obs_ids(res.observation, first=True))
+            choices[i] = self._choices(res.observation)
             if cfg.context_mode == "step":
                 headers[i] = self._header_ids(res.observation)
             trajs[i].steps.append(_empty_step(res.info))
@@ -226,6 +234,7 @@ class RolloutWorker:
                     )
             if not any(feed):
                 break
+            allowed = None  # per episode, per action token: the ids the draw allowed
             if expert:
                 actions_ids = [
                     self._expert_ids(t.steps[-1].info) if f else [] for t, f in zip(trajs, feed)
@@ -234,15 +243,20 @@ class RolloutWorker:
             else:
                 if cfg.context_mode == "step":
                     cache = self.sampler.start(len(episodes), cfg.max_seq_len)
+                kwargs = {}
+                if cfg.constrain_actions:
+                    kwargs["choices"] = [c if f else None for c, f in zip(choices, feed)]
                 out = self.sampler.step_turn(
                     cache,
                     feed,
                     cfg.max_new_tokens,
                     jax.random.fold_in(rng, turn),
                     sampling=sampling,
+                    **kwargs,
                 )
                 cache = out.cache if cfg.context_mode == "episode" else None
                 actions_ids = out.token_lists()
+                allowed = out.allowed_lists() if cfg.constrain_actions else None
                 # Log-probs under the distribution sampled from (the learner's logits / T);
                 # greedy turns (never trained on) keep the raw policy's.
                 # (With top-k / top-p they are of the filtered distribution: the mismatch shows
@@ -258,6 +272,8 @@ class RolloutWorker:
                 step.prompt_ids = feed[i]
                 step.action_ids = actions_ids[i]
                 step.action_logprobs = logprobs[i, : len(actions_ids[i])].tolist()
+                if allowed is not None:
+                    step.action_allowed = allowed[i]
                 used[i] += len(feed[i]) + len(actions_ids[i])
                 if cfg.context_mode == "step":
                     history[i].append(pending_ids[i] + actions_ids[i])
@@ -279,6 +295,7 @@ class RolloutWorker:
                     live[i] = False
                     continue
                 pending_ids[i] = self._obs_ids(res.observation, first=False)
+                choices[i] = self._choices(res.observation)
                 trajs[i].steps.append(_empty_step(res.info))
         for i, traj in enumerate(trajs):
             # Episodes still running at max_turns: the last observation got no action.
@@ -301,6 +318,16 @@ class RolloutWorker:
                 f"{cfg.max_seq_len} with max_new_tokens={cfg.max_new_tokens}"
             )
         return header + [t for turn in keep for t in turn] + obs_ids
+
+    def _choices(self, obs: Observation) -> list[list[int]] | None:
+        """constrain_actions: the admissible commands as the ids the policy may write."""
+        if not self.config.constrain_actions or not obs.admissible_commands:
+            return None
+        stop = self.template.stop_id(self.tokenizer)
+        return [
+            self.tokenizer.encode(c, add_special_tokens=False) + [stop]
+            for c in obs.admissible_commands
+        ]
 
     def _expert_ids(self, info) -> list[int]:
         action = info.get("expert_action")

@@ -47,7 +47,8 @@ import numpy as np
 from agentrl_jax.training.trajectory import Trajectory, episode_rows, step_rows
 
 CONTEXT_MODES = ("episode", "step")
-DEFAULT_BUCKETS = (64, 128, 256, 512, 1024, 2048)
+# Powers of two and the halfway points between them: a row is padded by less than a third.
+DEFAULT_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
 BATCH_KEYS = ("tokens", "mask", "loss_mask")
 
 

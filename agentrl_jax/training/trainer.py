@@ -35,6 +35,7 @@ from flax import nnx
 
 from agentrl_jax import kernels
 from agentrl_jax.envs.actors import ActorPool
+from agentrl_jax.envs.base import Task
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
@@ -126,13 +127,9 @@ class Trainer:
         )
         self.learner = self._learner()
         self.budget = budget_lib.from_config(cfg.budget)
-        sft_tx = optax.chain(
-            optax.clip_by_global_norm(cfg.rl.max_grad_norm),
-            optax.adam(
-                optax.linear_schedule(0.0, cfg.sft.learning_rate, max(cfg.sft.warmup_steps, 1))
-            ),
-        )
-        self.sft_learner = Learner(self.policy, None, sft_tx)
+        # Built again by run_sft once the number of SFT steps is known (the schedule's length);
+        # restoring needs only the optimizer state's structure, which does not depend on it.
+        self.sft_learner = self._sft_learner(total_steps=1)
         self.sft_state = None
         self.checkpointer = Checkpointer(
             os.path.join(self.workdir, "checkpoints"),
@@ -248,6 +245,22 @@ class Trainer:
             lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(seed)), self.mesh
         )
 
+    def _sft_learner(self, total_steps: int) -> Learner:
+        """Adam, linear warmup then cosine decay to ``end_lr_fraction`` over ``total_steps``."""
+        sft = self.config.sft
+        warmup = max(sft.warmup_steps, 1)
+        schedule = optax.warmup_cosine_decay_schedule(
+            0.0,
+            sft.learning_rate,
+            warmup_steps=warmup,
+            decay_steps=max(total_steps, warmup + 1),
+            end_value=sft.learning_rate * sft.end_lr_fraction,
+        )
+        tx = optax.chain(
+            optax.clip_by_global_norm(self.config.rl.max_grad_norm), optax.adam(schedule)
+        )
+        return Learner(self.policy, None, tx)
+
     def _learner(self) -> Learner:
         cfg = self.config
         rl = cfg.rl
@@ -345,13 +358,24 @@ class Trainer:
         per_iteration = self.config.rl.tasks_per_iteration * self.config.rollout.group_size
         return self.budget.rl_iterations(per_iteration)
 
-    def demonstrations(self) -> list[Trajectory]:
-        """Expert episodes on train tasks drawn from the curriculum's first stage (won ones)."""
+    def demonstration_tasks(self) -> list[Task]:
+        """The train tasks of the SFT demonstrations, drawn from the curriculum's first stage."""
         cfg = self.config
-        n = self.budget.num_demos
         np_rng = np.random.default_rng([cfg.seed, 7])
-        levels = Curriculum(cfg.curriculum).sample_levels(n, np_rng)
-        tasks = [self.train_tasks[lv][i % len(self.train_tasks[lv])] for i, lv in enumerate(levels)]
+        levels = Curriculum(cfg.curriculum).sample_levels(self.budget.num_demos, np_rng)
+        return [self.train_tasks[lv][i % len(self.train_tasks[lv])] for i, lv in enumerate(levels)]
+
+    @functools.cached_property
+    def rl_tasks(self) -> dict[str, list[Task]]:
+        """The train tasks RL draws from per level (``rl.task_pool``: all, or unseen in SFT)."""
+        if self.config.rl.task_pool == "all":
+            return self.train_tasks
+        used = {t.id for t in self.demonstration_tasks()}
+        return {lv: [t for t in ts if t.id not in used] for lv, ts in self.train_tasks.items()}
+
+    def demonstrations(self) -> list[Trajectory]:
+        """Expert episodes on the demonstration tasks (the won ones)."""
+        tasks = self.demonstration_tasks()
         demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
         won = [d for d in demos if d.won and not d.infra_failure]
         logging.info("SFT: %d expert demonstrations, %d won", len(demos), len(won))
@@ -375,15 +399,17 @@ class Trainer:
                     buckets=(*buckets, cfg.rollout.max_seq_len),
                     num_epochs=cfg.sft.epochs,
                     seed=cfg.seed,
+                    group_by_length=cfg.sft.group_by_length,
                 ),
                 pad,
             )
+            total = dataset.batches_per_epoch * cfg.sft.epochs
+            self.sft_learner = self._sft_learner(total)
             if self.sft_state is None:
                 self.sft_state = self.sft_learner.init(self.policy, mesh=self.mesh)
             iterator = dataset.iterator(self.meta.get("sft_iterator"))
             from tqdm.auto import tqdm
 
-            total = dataset.batches_per_epoch * cfg.sft.epochs
             done = int(self.sft_state.step)
             bar = tqdm(
                 iterator, desc="sft", initial=done, total=total, disable=not multihost.is_primary()
@@ -456,7 +482,7 @@ class Trainer:
         rng = jax.random.fold_in(jax.random.key(cfg.seed), 1_000_000 + it)
         np_rng = np.random.default_rng([cfg.seed, it])
         levels = self.curriculum.sample_levels(rl.tasks_per_iteration, np_rng)
-        tasks = [self.train_tasks[lv][np_rng.integers(len(self.train_tasks[lv]))] for lv in levels]
+        tasks = [self.rl_tasks[lv][np_rng.integers(len(self.rl_tasks[lv]))] for lv in levels]
 
         t0 = time.perf_counter()
         self._sync_sampler()
@@ -502,7 +528,7 @@ class Trainer:
     def _forward_in_chunks(self, fn, params, batch, size: int) -> np.ndarray:
         out = []
         for i in range(0, batch["tokens"].shape[0], size):
-            chunk = {k: batch[k][i : i + size] for k in ("tokens", "mask")}
+            chunk = {k: batch[k][i : i + size] for k in ("tokens", "mask", "allowed") if k in batch}
             out.append(multihost.host_array(fn(params, self.learner.place_batch(chunk))))
         return np.concatenate(out)
 
@@ -519,6 +545,8 @@ class Trainer:
             "loss_mask": rows.loss_mask,
             "step_ids": rows.step_ids,
         }
+        if rows.allowed.shape[2]:  # constrained decoding: normalise over the allowed ids
+            batch["allowed"] = rows.allowed
         old = self._forward_in_chunks(self.learner.policy_logprobs, self.state.policy, batch, mb)
         on = rows.loss_mask > 0
         extra = {"rollout/logprob_mismatch": float(np.abs(old - rows.old_logprobs)[on].max())}

@@ -26,6 +26,8 @@ class Step:
     prompt_ids: list[int]
     action_ids: list[int]
     action_logprobs: list[float]
+    # Constrained decoding: per action token, the ids its draw was restricted to (None: any).
+    action_allowed: list[list[int]] | None = None
     reward: float = 0.0
     state_key: int = 0
     done: bool = False
@@ -63,6 +65,8 @@ class TokenRows:
       step_ids: [R, T] int32 step index of each action token, -1 elsewhere.
       old_logprobs: [R, T] float32 the sampler's log-probs on action tokens, 0 elsewhere.
       traj_index: [R] which trajectory each row came from.
+      allowed: [R, T, K] int32 constrained decoding: the ids the draw of token t was restricted
+        to, -1 padded (all -1: the whole vocabulary); K is 0 when no action was constrained.
     """
 
     tokens: np.ndarray
@@ -71,6 +75,7 @@ class TokenRows:
     step_ids: np.ndarray
     old_logprobs: np.ndarray
     traj_index: np.ndarray
+    allowed: np.ndarray
 
 
 @dataclasses.dataclass
@@ -102,12 +107,13 @@ def step_arrays(trajs: list[Trajectory], num_steps: int) -> StepArrays:
 
 def episode_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRows:
     """Whole-episode mode: one row per trajectory, the concatenation of all its steps' ids."""
-    rows = _alloc(len(trajs), seq_len, pad_id)
+    rows = _alloc(len(trajs), seq_len, pad_id, _num_allowed(trajs))
     for i, traj in enumerate(trajs):
         pos = 0
         for s, step in enumerate(traj.steps):
             pos = _put(rows, i, pos, step.prompt_ids, None, None, seq_len, i)
             pos = _put(rows, i, pos, step.action_ids, s, step.action_logprobs, seq_len, i)
+            _put_allowed(rows, i, pos, step)
         rows.traj_index[i] = i
     return rows
 
@@ -115,18 +121,19 @@ def episode_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRow
 def step_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRows:
     """Step-wise mode: one row per step (its full context, then its action); step id is 0."""
     total = sum(len(t.steps) for t in trajs)
-    rows = _alloc(total, seq_len, pad_id)
+    rows = _alloc(total, seq_len, pad_id, _num_allowed(trajs))
     r = 0
     for i, traj in enumerate(trajs):
         for step in traj.steps:
             pos = _put(rows, r, 0, step.prompt_ids, None, None, seq_len, i)
-            _put(rows, r, pos, step.action_ids, 0, step.action_logprobs, seq_len, i)
+            pos = _put(rows, r, pos, step.action_ids, 0, step.action_logprobs, seq_len, i)
+            _put_allowed(rows, r, pos, step)
             rows.traj_index[r] = i
             r += 1
     return rows
 
 
-def _alloc(num_rows: int, seq_len: int, pad_id: int) -> TokenRows:
+def _alloc(num_rows: int, seq_len: int, pad_id: int, num_allowed: int = 0) -> TokenRows:
     return TokenRows(
         tokens=np.full((num_rows, seq_len), pad_id, np.int32),
         mask=np.zeros((num_rows, seq_len), np.float32),
@@ -134,7 +141,26 @@ def _alloc(num_rows: int, seq_len: int, pad_id: int) -> TokenRows:
         step_ids=np.full((num_rows, seq_len), -1, np.int32),
         old_logprobs=np.zeros((num_rows, seq_len), np.float32),
         traj_index=np.zeros((num_rows,), np.int32),
+        allowed=np.full((num_rows, seq_len, num_allowed), -1, np.int32),
     )
+
+
+def _num_allowed(trajs: list[Trajectory]) -> int:
+    """K of ``TokenRows.allowed``: the most ids one draw allowed, rounded up to a power of two
+    (so RL updates compile once per power); 0 when no action was constrained."""
+    most = max(
+        (len(a) for t in trajs for s in t.steps for a in (s.action_allowed or ())), default=0
+    )
+    return 0 if most == 0 else 1 << (most - 1).bit_length()
+
+
+def _put_allowed(rows: TokenRows, r: int, end: int, step: Step) -> None:
+    """Writes the allowed ids of a step's action tokens, which end at position ``end``."""
+    if not step.action_allowed:
+        return
+    start = end - len(step.action_ids)
+    for t, ids in enumerate(step.action_allowed):
+        rows.allowed[r, start + t, : len(ids)] = ids
 
 
 def _put(rows, r, pos, ids, step, logprobs, seq_len, traj):
