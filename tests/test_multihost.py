@@ -185,8 +185,10 @@ def test_each_process_plays_its_waves_as_the_whole_list_would(worker_parts):
 # fsdp, parameters split over fsdp), minibatches of 8 rows (one per device), 4 tasks x 2 episodes
 # per RL iteration played in waves of one task (pool of 2), 4 demonstrations (2 SFT epochs of one
 # batch of 8), 2 RL iterations with an entropy bonus so that the updates move the parameters.
+# The 4 demonstrations reuse the config's 2 train games, so RL draws from all of them.
 OVERRIDES = (
     "--config.mesh=(4,2,1)",
+    "--config.rl.task_pool=all",
     "--config.env.num_workers=1",
     "--config.rl.tasks_per_iteration=4",
     "--config.rl.minibatch_size=8",
