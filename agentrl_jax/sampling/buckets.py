@@ -42,6 +42,11 @@ def round_up(length: int, buckets: Sequence[int], *, what: str) -> int:
     )
 
 
+# Choice and allowed-id counts (constrained decoding) are rounded up to these, so the turn and
+# the RL update compile once per bucket rather than once per count.
+COUNT_BUCKETS = default_buckets(1)
+
+
 def check_buckets(buckets: Sequence[int], *, what: str) -> tuple[int, ...]:
     """Validates a configured bucket list (positive, strictly ascending) and returns it."""
     buckets = tuple(int(b) for b in buckets)

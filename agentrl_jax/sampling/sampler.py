@@ -206,7 +206,7 @@ class Sampler:
         )
 
     def _choices_array(self, choices, batch: int, width: int) -> np.ndarray | None:
-        """[B, C, W] int32 choices, -1 padded, C rounded up to a power of two (None: no row has
+        """[B, C, W] int32 choices, -1 padded, C rounded up to a count bucket (None: no row has
         choices). Ids past the turn's width are cut (the row stops at max_new_tokens anyway)."""
         if choices is None or not any(choices):
             return None
@@ -214,7 +214,8 @@ class Sampler:
             raise ValueError(f"choices has {len(choices)} rows; the cache has batch {batch}")
         vocab = self.cfg.vocab_size
         most = max(len(c) for c in choices if c)
-        out = np.full((batch, 1 << (most - 1).bit_length(), width), -1, np.int32)
+        num = bk.round_up(most, bk.COUNT_BUCKETS, what="choices per row")
+        out = np.full((batch, num, width), -1, np.int32)
         for r, row in enumerate(choices):
             for c, seq in enumerate(row or ()):
                 seq = np.asarray(seq, np.int64).reshape(-1)[:width]

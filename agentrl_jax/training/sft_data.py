@@ -44,11 +44,13 @@ from typing import Any
 import grain
 import numpy as np
 
+from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.training.trajectory import Trajectory, episode_rows, step_rows
 
 CONTEXT_MODES = ("episode", "step")
-# Powers of two and the halfway points between them: a row is padded by less than a third.
-DEFAULT_BUCKETS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048)
+# The sampler's rule, powers of two and the halfway points between them (64, 96, 128, ...,
+# 2048): a row is padded by less than a third.
+DEFAULT_BUCKETS = bk.default_buckets(64, 2048)
 BATCH_KEYS = ("tokens", "mask", "loss_mask")
 
 

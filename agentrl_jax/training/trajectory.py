@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from agentrl_jax.envs.base import Task
+from agentrl_jax.sampling import buckets as bk
 
 
 @dataclasses.dataclass
@@ -146,12 +147,12 @@ def _alloc(num_rows: int, seq_len: int, pad_id: int, num_allowed: int = 0) -> To
 
 
 def _num_allowed(trajs: list[Trajectory]) -> int:
-    """K of ``TokenRows.allowed``: the most ids one draw allowed, rounded up to a power of two
-    (so RL updates compile once per power); 0 when no action was constrained."""
+    """K of ``TokenRows.allowed``: the most ids one draw allowed, rounded up to a count bucket
+    (so RL updates compile once per bucket); 0 when no action was constrained."""
     most = max(
         (len(a) for t in trajs for s in t.steps for a in (s.action_allowed or ())), default=0
     )
-    return 0 if most == 0 else 1 << (most - 1).bit_length()
+    return 0 if most == 0 else bk.round_up(most, bk.COUNT_BUCKETS, what="allowed ids")
 
 
 def _put_allowed(rows: TokenRows, r: int, end: int, step: Step) -> None:
