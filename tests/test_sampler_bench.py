@@ -13,8 +13,12 @@ WORKLOADS = {
     "matmul_peak_gflops": "GFLOP/s",
     "prefill_tokens_per_s": "tokens/s",
     "prefill_fraction_of_peak": "fraction",
-    "decode_tokens_per_s": "tokens/s",
+    "decode_tokens_per_s_cache_64": "tokens/s",
+    "decode_tokens_per_s_cache_128": "tokens/s",
+    "decode_128_over_64": "fraction",
     "multi_turn_episodes_per_s": "episodes/s",
+    "long_episode_episodes_per_s": "episodes/s",
+    "group_first_turn_rows_per_s": "rows/s",
 }
 
 
@@ -27,7 +31,7 @@ def test_quick_benchmark_reports_every_workload(tmp_path):
     for name, unit in WORKLOADS.items():
         row = data["workloads"][name]
         assert row["unit"] == unit
-        if name == "decode_tokens_per_s":
+        if name.startswith("decode_"):
             # t(N tokens) - t(1 token): at the quick sizes (N = 4) timing noise on a loaded
             # machine can swamp the difference, so only the plumbing is checked here.
             assert np.isfinite([row["ours"], row["reference"]]).all()
@@ -37,7 +41,11 @@ def test_quick_benchmark_reports_every_workload(tmp_path):
             assert row["reference"] > 0 and row["ratio"] == pytest.approx(
                 row["ours"] / row["reference"]
             ), name
-    # The reference really ran our weights.
+        if "ours_s" in row:
+            # Both sides timed alternately, the same number of times.
+            assert len(row["ours_s"]) == len(row["reference_s"]) == data["facts"]["repeats"]
+    # The reference really ran our weights; the machine's load is on record.
     assert data["facts"]["weights_max_abs_logit_diff"] <= 1e-4
     assert data["facts"]["peak_rss_mb"] > 0
+    assert len(data["facts"]["load_average_start"]) == len(data["facts"]["load_average_end"]) == 3
     assert "multi_turn_episodes_per_s" in report.table()

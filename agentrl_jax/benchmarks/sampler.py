@@ -7,14 +7,28 @@ both generate exactly the requested number of tokens):
 
 - ``prefill_tokens_per_s``: one forward pass over 32 x 128 prompt tokens into a fresh cache
   (ours: ``step_turn`` with max_new_tokens=0; reference: the model call ``generate`` makes
-  first, ``model(ids, use_cache=True, logits_to_keep=1)``).
-- ``decode_tokens_per_s``: 32 rows x 32 new tokens after a 16-token prompt; decode time is
-  t(32 tokens) - t(1 token) on each side, so prefill is not counted.
+  first, ``model(ids, use_cache=True, logits_to_keep=1)``), and ``prefill_fraction_of_peak``:
+  prefill model FLOPs per second over ``matmul_peak_gflops`` (a jitted 2048^3 f32 matmul, this
+  machine's practical peak).
+- ``decode_tokens_per_s_cache_N`` (N = 64, 256, 1024, 2048): 32 rows x 32 new tokens after a
+  prompt of N - 33 tokens, so the turn fills exactly N cache slots; decode time is
+  t(33 tokens) - t(1 token) on each side, so prefill is not counted. ``decode_2048_over_64`` is
+  each side's tokens/s at 2048 slots over its tokens/s at 64: how much a long context slows a
+  decode step (1.0: not at all).
 - ``multi_turn_episodes_per_s``: 32 episodes of 8 turns, each 64 observation tokens then 16
-  action tokens. Ours keeps the cache and prefills only the new observation; the reference
-  passes the whole conversation to ``generate`` every turn, as a user of ``generate`` would.
-- ``matmul_peak_gflops``: a jitted 2048^3 f32 matmul, this machine's practical peak, and
-  ``prefill_fraction_of_peak``: prefill model FLOPs per second over that peak.
+  action tokens; ``long_episode_episodes_per_s``: shaped like ALFWorld, 32 episodes of 30
+  turns of 48 + 12 tokens (1,800 tokens of context by the end). Ours keeps the cache and
+  prefills only the new observation; the reference passes the whole conversation to
+  ``generate`` every turn, as a user of ``generate`` would.
+- ``group_first_turn_rows_per_s``: the first turn (a 512-token prompt, then 16 action tokens)
+  of 32 rows that are 4 tasks x 8 rollouts; ours prefills each task's prompt once (group prefix
+  sharing), the reference is our own sampler with ``share_prefixes=False``.
+
+Timing: each workload warms both sides up (compilation, allocation), then runs ours and the
+reference alternately, ``repeats`` times each, so a change in the machine's load hits both
+alike; rows report medians, with every run's seconds and the spread ((max - min) / median) in
+the JSON. The machine's load average at the start and the end is recorded: read the figures
+from a run on an idle machine.
 
 The reference model is transformers' Qwen2ForCausalLM loaded from a checkpoint of our weights
 written by ``save_hf_checkpoint``; the run fails if its logits differ from ours by over 1e-4.
@@ -23,8 +37,11 @@ written by ``save_hf_checkpoint``; the run fails if its logits differ from ours 
 from __future__ import annotations
 
 import dataclasses
+import os
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -41,31 +58,103 @@ class Sizes:
     num_layers: int = 4  # the tiny preset's
     batch: int = 32
     prefill_len: int = 128
-    decode_prompt: int = 16
-    decode_new: int = 32
+    decode_caches: tuple[int, ...] = (64, 256, 1024, 2048)
+    decode_new: int = 33  # t(33) - t(1): 32 decode steps
     turns: int = 8
     obs_len: int = 64
     action_len: int = 16
+    long_turns: int = 30
+    long_obs: int = 48
+    long_action: int = 12
+    group: int = 8
+    group_prompt: int = 512
+    group_action: int = 16
     matmul_n: int = 2048
-    repeats: int = 2  # timed runs of our side (median); the slower reference runs once
+    repeats: int = 3  # timed runs of each side, alternating, after a warm-up
 
+
+# Prompt tokens per untimed prefill turn when filling a long cache (bounds the prefill's memory).
+_PREFILL_CHUNK = 512
 
 QUICK = Sizes(
     num_layers=1,
     batch=4,
     prefill_len=16,
-    decode_prompt=8,
-    decode_new=4,
+    decode_caches=(64, 128),
+    decode_new=5,
     turns=2,
     obs_len=8,
     action_len=4,
+    long_turns=3,
+    long_obs=8,
+    long_action=4,
+    group=2,
+    group_prompt=16,
+    group_action=4,
     matmul_n=256,
     repeats=1,
 )
 
 
+@dataclasses.dataclass
+class Runs:
+    """Seconds of each timed run of one side of a workload."""
+
+    seconds: list[float]
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def spread(self) -> float:
+        return (max(self.seconds) - min(self.seconds)) / self.median if self.median else 0.0
+
+
+def interleaved(
+    ours: Callable[[], object],
+    reference: Callable[[], object],
+    repeats: int,
+    *,
+    warmup: tuple[Callable[[], object], Callable[[], object]] | None = None,
+) -> tuple[Runs, Runs]:
+    """Warms both sides up, then times ours and the reference alternately ``repeats`` times.
+
+    ``warmup`` replaces the full calls for the warm-up (e.g. a one-turn episode: it compiles and
+    allocates the same, in a fraction of the time). A call that returns a float reports its own
+    seconds (its untimed setup excluded); otherwise the whole call is timed.
+    """
+    for fn in warmup or (ours, reference):
+        fn()
+    ours_s, ref_s = [], []
+    for _ in range(repeats):
+        for fn, out in ((ours, ours_s), (reference, ref_s)):
+            t0 = time.perf_counter()
+            seconds = fn()
+            out.append(seconds if isinstance(seconds, float) else time.perf_counter() - t0)
+    return Runs(ours_s), Runs(ref_s)
+
+
+def _row(name, amount, ours: Runs, ref: Runs, unit, **extra) -> Row:
+    """A throughput row, ``amount`` units per run, with every run's seconds in the JSON."""
+    return Row(
+        name,
+        amount / ours.median,
+        amount / ref.median,
+        unit,
+        extra={
+            "ours_s": [round(x, 5) for x in ours.seconds],
+            "reference_s": [round(x, 5) for x in ref.seconds],
+            "ours_spread": round(ours.spread, 3),
+            "reference_spread": round(ref.spread, 3),
+            **extra,
+        },
+    )
+
+
 def run(quick: bool) -> Report:
     sizes = QUICK if quick else Sizes()
+    load_start = os.getloadavg()
     cfg = preset("tiny", num_layers=sizes.num_layers)
     policy = random_policy(cfg, std=0.02)
     reference = _reference_model(policy)
@@ -77,54 +166,72 @@ def run(quick: bool) -> Report:
     peak = _matmul_peak_gflops(sizes.matmul_n)
     report.add(Row("matmul_peak_gflops", peak, None, "GFLOP/s", extra={"n": sizes.matmul_n}))
 
-    prefill_s, prefill_ref_s = _prefill(sampler, reference, cfg, sizes, rng)
+    ours, ref = _prefill(sampler, reference, cfg, sizes, rng)
     tokens = sizes.batch * sizes.prefill_len
-    report.add(
-        Row(
-            "prefill_tokens_per_s",
-            tokens / prefill_s,
-            tokens / prefill_ref_s,
-            "tokens/s",
-            extra={"batch": sizes.batch, "prompt_len": sizes.prefill_len},
-        )
-    )
+    shape = {"batch": sizes.batch, "prompt_len": sizes.prefill_len}
+    report.add(_row("prefill_tokens_per_s", tokens, ours, ref, "tokens/s", **shape))
     flops = tokens * _prefill_flops_per_token(cfg, sizes.prefill_len)
     report.add(
-        Row(
+        _row(
             "prefill_fraction_of_peak",
-            flops / prefill_s / (peak * 1e9),
-            flops / prefill_ref_s / (peak * 1e9),
+            flops / (peak * 1e9),
+            ours,
+            ref,
             "fraction",
-            extra={"target": 0.4, "model_gflop": flops / 1e9},
+            target=0.5,
+            model_gflop=flops / 1e9,
         )
     )
 
-    ours_s, ref_s = _decode(sampler, reference, cfg, sizes, rng)
-    tokens = sizes.batch * (sizes.decode_new - 1)
-    report.add(
-        Row(
-            "decode_tokens_per_s",
-            tokens / ours_s,
-            tokens / ref_s,
+    decode = {}
+    for slots in sizes.decode_caches:
+        ours_s, ref_s = _decode(sampler, reference, cfg, sizes, slots, rng)
+        tokens = sizes.batch * (sizes.decode_new - 1)
+        row = _row(
+            f"decode_tokens_per_s_cache_{slots}",
+            tokens,
+            ours_s,
+            ref_s,
             "tokens/s",
-            extra={"batch": sizes.batch, "new_tokens": sizes.decode_new},
+            batch=sizes.batch,
+            prompt_len=slots - sizes.decode_new,
+            new_tokens=sizes.decode_new - 1,
+        )
+        decode[slots] = report.add(row)
+    short, long = decode[min(decode)], decode[max(decode)]
+    report.add(
+        Row(
+            f"decode_{max(decode)}_over_{min(decode)}",
+            long.ours / short.ours,
+            long.reference / short.reference,
+            "fraction",
+            extra={"target": 0.4},
         )
     )
 
-    ours_s, ref_s = _multi_turn(sampler, reference, cfg, sizes, rng)
+    for name, turns, obs_len, action_len, target in (
+        ("multi_turn_episodes_per_s", sizes.turns, sizes.obs_len, sizes.action_len, 3.0),
+        ("long_episode_episodes_per_s", sizes.long_turns, sizes.long_obs, sizes.long_action, 5.0),
+    ):
+        ours, ref = _multi_turn(
+            sampler, reference, cfg, sizes, rng, turns=turns, obs_len=obs_len, action=action_len
+        )
+        shape = {"turns": turns, "obs_len": obs_len, "action_len": action_len}
+        report.add(_row(name, sizes.batch, ours, ref, "episodes/s", target_ratio=target, **shape))
+
+    ours, ref = _group_first_turn(policy, cfg, sizes, rng)
     report.add(
-        Row(
-            "multi_turn_episodes_per_s",
-            sizes.batch / ours_s,
-            sizes.batch / ref_s,
-            "episodes/s",
-            extra={
-                "batch": sizes.batch,
-                "turns": sizes.turns,
-                "obs_len": sizes.obs_len,
-                "action_len": sizes.action_len,
-                "target_ratio": 2.0,
-            },
+        _row(
+            "group_first_turn_rows_per_s",
+            sizes.batch,
+            ours,
+            ref,
+            "rows/s",
+            group=sizes.group,
+            prompt_len=sizes.group_prompt,
+            action_len=sizes.group_action,
+            reference_is="our sampler with share_prefixes=False",
+            target_ratio=3.0,
         )
     )
     import torch  # noqa: PLC0415 - torch is the test extra's; imported where it is needed
@@ -135,8 +242,11 @@ def run(quick: bool) -> Report:
             "model_params": cfg.num_params,
             "jax_backend": jax.default_backend(),
             "torch_threads": torch.get_num_threads(),
+            "repeats": sizes.repeats,
             "compilations": sampler.num_traces,
             "peak_rss_mb": round(peak_rss_mb(), 1),
+            "load_average_start": [round(x, 2) for x in load_start],
+            "load_average_end": [round(x, 2) for x in os.getloadavg()],
         }
     )
     return report
@@ -195,13 +305,17 @@ def _random_rows(rng, cfg: ModelConfig, batch: int, length: int) -> np.ndarray:
     return rng.integers(0, cfg.vocab_size, (batch, length)).astype(np.int32)
 
 
-def _generate_ref(reference, ids_np, new_tokens: int):
+def _generate_ref(reference, ids_np, new_tokens: int, cache=None):
+    """transformers' ``generate``; with ``cache`` (holding all but the last ids) only the last
+    id is prefilled."""
     import torch  # noqa: PLC0415
 
     ids = torch.from_numpy(ids_np.astype(np.int64))
+    kwargs = {} if cache is None else {"cache": cache}
     with torch.inference_mode():
         return reference.generate(
             input_ids=ids,
+            **kwargs,
             attention_mask=torch.ones_like(ids),
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
@@ -214,7 +328,7 @@ def _generate_ref(reference, ids_np, new_tokens: int):
         )
 
 
-def _prefill(sampler: Sampler, reference, cfg, sizes: Sizes, rng) -> tuple[float, float]:
+def _prefill(sampler: Sampler, reference, cfg, sizes: Sizes, rng) -> tuple[Runs, Runs]:
     import torch  # noqa: PLC0415
 
     prompts = _random_rows(rng, cfg, sizes.batch, sizes.prefill_len)
@@ -230,47 +344,90 @@ def _prefill(sampler: Sampler, reference, cfg, sizes: Sizes, rng) -> tuple[float
         with torch.inference_mode():
             reference(ids, attention_mask=torch.ones_like(ids), use_cache=True, logits_to_keep=1)
 
-    return timed(ours, repeats=sizes.repeats), timed(ref, repeats=1)
+    return interleaved(ours, ref, sizes.repeats)
 
 
-def _decode(sampler: Sampler, reference, cfg, sizes: Sizes, rng) -> tuple[float, float]:
-    prompts = _random_rows(rng, cfg, sizes.batch, sizes.decode_prompt)
-    size = sizes.decode_prompt + sizes.decode_new
+def _decode(sampler: Sampler, reference, cfg, sizes: Sizes, slots: int, rng):
+    """Decode seconds at ``slots`` cache slots: per repeat, t(decode_new) - t(1) on each side.
+
+    Each timed call starts from a cache that already holds all but the last prompt token
+    (filled untimed, ``_PREFILL_CHUNK`` tokens a turn on our side), feeds that token and
+    generates: the difference of the two is ``decode_new - 1`` decode steps at ``slots``
+    slots, with no prefill in either term.
+    """
+    import torch  # noqa: PLC0415
+
+    prompts = _random_rows(rng, cfg, sizes.batch, slots - sizes.decode_new)
+    held, last = prompts[:, :-1], prompts[:, -1:]
 
     def ours(new):
-        def fn():
-            cache = sampler.start(sizes.batch, size)
-            sampler.step_turn(cache, prompts, new, jax.random.key(new)).tokens.block_until_ready()
+        cache = sampler.start(sizes.batch, slots)
+        for start in range(0, held.shape[1], _PREFILL_CHUNK):
+            chunk = held[:, start : start + _PREFILL_CHUNK]
+            cache = sampler.step_turn(cache, chunk, 0, jax.random.key(0)).cache
+        cache.k.block_until_ready()
+        t0 = time.perf_counter()
+        sampler.step_turn(cache, last, new, jax.random.key(new)).tokens.block_until_ready()
+        return time.perf_counter() - t0
 
-        return timed(fn, repeats=sizes.repeats)
+    ids = torch.from_numpy(prompts.astype(np.int64))
 
     def ref(new):
-        return timed(lambda: _generate_ref(reference, prompts, new), repeats=1, warmup=0)
+        with torch.inference_mode():
+            cache = reference(ids[:, :-1], use_cache=True)["cache"]
+        t0 = time.perf_counter()
+        _generate_ref(reference, prompts, new, cache=cache)
+        return time.perf_counter() - t0
 
-    _generate_ref(reference, prompts, 1)  # warm-up: torch's first call allocates
+    runs = [
+        interleaved(lambda n=n: ours(n), lambda n=n: ref(n), sizes.repeats)
+        for n in (sizes.decode_new, 1)
+    ]
+    (ours_n, ref_n), (ours_1, ref_1) = runs
+    return (
+        Runs([a - b for a, b in zip(ours_n.seconds, ours_1.seconds)]),
+        Runs([a - b for a, b in zip(ref_n.seconds, ref_1.seconds)]),
+    )
 
-    return ours(sizes.decode_new) - ours(1), ref(sizes.decode_new) - ref(1)
 
+def _multi_turn(
+    sampler: Sampler, reference, cfg, sizes: Sizes, rng, *, turns: int, obs_len: int, action: int
+) -> tuple[Runs, Runs]:
+    obs = [_random_rows(rng, cfg, sizes.batch, obs_len) for _ in range(turns)]
+    size = turns * (obs_len + action)
 
-def _multi_turn(sampler: Sampler, reference, cfg, sizes: Sizes, rng) -> tuple[float, float]:
-    obs = [_random_rows(rng, cfg, sizes.batch, sizes.obs_len) for _ in range(sizes.turns)]
-    size = sizes.turns * (sizes.obs_len + sizes.action_len)
-
-    def ours(turns):
+    def ours(num_turns=turns):
         cache = sampler.start(sizes.batch, size)
-        for turn in range(turns):
-            out = sampler.step_turn(cache, obs[turn], sizes.action_len, jax.random.key(turn))
+        for turn in range(num_turns):
+            out = sampler.step_turn(cache, obs[turn], action, jax.random.key(turn))
             np.asarray(out.tokens)  # the actions go to the environments on the host
             cache = out.cache
 
-    def ref():
+    def ref(num_turns=turns):
         conversation = np.zeros((sizes.batch, 0), np.int32)
-        for turn in range(sizes.turns):
+        for turn in range(num_turns):
             conversation = np.concatenate([conversation, obs[turn]], axis=1)
-            conversation = _generate_ref(reference, conversation, sizes.action_len).numpy()
+            conversation = _generate_ref(reference, conversation, action).numpy()
 
-    ours(1)  # compiles: every turn has the same shape buckets
-    ours_s = timed(lambda: ours(sizes.turns), repeats=sizes.repeats, warmup=0)
-    t0 = time.perf_counter()
-    ref()  # one episode: the reference is slow and needs no warm-up compilation
-    return ours_s, time.perf_counter() - t0
+    # Warm-up: our episode compiles every cache bucket it reaches; the reference allocates.
+    return interleaved(ours, ref, sizes.repeats, warmup=(ours, lambda: ref(1)))
+
+
+def _group_first_turn(policy, cfg, sizes: Sizes, rng) -> tuple[Runs, Runs]:
+    """The first turn of ``batch`` rows, ``group`` rollouts per task, with and without sharing."""
+    tasks = _random_rows(rng, cfg, sizes.batch // sizes.group, sizes.group_prompt)
+    prompts = np.repeat(tasks, sizes.group, axis=0)
+    size = sizes.group_prompt + sizes.group_action
+    samplers = [
+        Sampler(policy, sampling=SamplingParams(temperature=1.0), share_prefixes=share)
+        for share in (True, False)
+    ]
+
+    def first_turn(sampler):
+        out = sampler.step_turn(
+            sampler.start(sizes.batch, size), prompts, sizes.group_action, jax.random.key(0)
+        )
+        np.asarray(out.tokens)
+
+    shared, plain = samplers
+    return interleaved(lambda: first_turn(shared), lambda: first_turn(plain), sizes.repeats)

@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.models.kv_cache import DecodeCache, KVCache
 from agentrl_jax.sharding import constrain, shard_model
 
 _NEG_INF = -1e30
@@ -106,12 +106,12 @@ class Attention(nnx.Module):
 
         Args:
           cache_kv: None (teacher forcing: keys are the chunk's), or
-            ``(k_lbskh, v_lbskh, layer, write_bt)``: every layer's cache, into whose row ``layer``
-            the chunk's keys and values are written at slots ``write_bt`` (out-of-bounds slots
-            are dropped) before attending over all S slots of that layer.
+            ``(k_bkhs, v_bksh, write_bt)``: this layer's keys and values in a ``DecodeCache``,
+            into which the chunk's keys and values are written at slots ``write_bt``
+            (out-of-bounds slots are dropped) before attending over all S slots.
 
         Returns:
-          ([B, T, D] output, the updated (k_lbskh, v_lbskh) or None).
+          ([B, T, D] output, the updated (k_bkhs, v_bksh) or None).
         """
         cfg, dt = self.cfg, self.cfg.dtype
         q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
@@ -123,27 +123,37 @@ class Attention(nnx.Module):
         q = constrain(apply_rope(q, cos_bth, sin_bth), _Q_AXES)
         k = constrain(apply_rope(k, cos_bth, sin_bth), _KV_AXES)
         v = constrain(v, _KV_AXES)
-        if cache_kv is None:
-            k_bskh, v_bskh, extra = k, v, None
-        else:
-            k_all, v_all, layer, write_bt = cache_kv
-            rows_b1 = jnp.arange(k.shape[0])[:, None]
-            # Scatter into the full [L, ...] cache rather than slicing and re-stacking layers:
-            # with a donated cache XLA updates it in place, so a decode step writes T slots
-            # instead of copying the whole cache.
-            k_all = k_all.at[layer, rows_b1, write_bt].set(k.astype(k_all.dtype), mode="drop")
-            v_all = v_all.at[layer, rows_b1, write_bt].set(v.astype(v_all.dtype), mode="drop")
-            k_bskh, v_bskh = k_all[layer], v_all[layer]
-            extra = (k_all, v_all)
-
         b, t, n, h = q.shape
         kv = cfg.num_kv_heads
-        q_btkgh = q.reshape(b, t, kv, n // kv, h)
-        scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k_bskh.astype(dt))
-        scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
-        scores = jnp.where(mask_bts[:, None, None, :, :], scores, _NEG_INF)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v_bskh.astype(dt))
+        g = n // kv
+        q_btkgh = q.reshape(b, t, kv, g, h)
+        if cache_kv is None:
+            scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k)
+            scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+            scores = jnp.where(mask_bts[:, None, None, :, :], scores, _NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+            extra = None
+        else:
+            k_bkhs, v_bksh, write_bt = cache_kv
+            rows_b1 = jnp.arange(b)[:, None]
+            # One slot per row and token, written in place (the arrays are a turn's working
+            # copy, threaded through the decode loop); the indexed axes come first in the update.
+            k_bkhs = k_bkhs.at[rows_b1, :, :, write_bt].set(k.astype(k_bkhs.dtype), mode="drop")
+            v_bksh = v_bksh.at[rows_b1, :, write_bt].set(v.astype(v_bksh.dtype), mode="drop")
+            # Queries as the rows of one plain matmul per (row, kv head), X = G * T of them,
+            # against the cache in its stored layout: no copy or transpose of the cache.
+            q_bkxh = q_btkgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
+            scores = jnp.einsum("bkxh,bkhs->bkxs", q_bkxh, k_bkhs.astype(dt))
+            scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+            mask_bkxs = jnp.broadcast_to(
+                mask_bts[:, None, None], (b, kv, g, t, mask_bts.shape[-1])
+            ).reshape(b, kv, g * t, -1)
+            scores = jnp.where(mask_bkxs, scores, _NEG_INF)
+            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+            out_bkxh = jnp.einsum("bkxs,bksh->bkxh", probs, v_bksh.astype(dt))
+            out_btkgh = out_bkxh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4)
+            extra = (k_bkhs, v_bksh)
         out_btnh = out_btkgh.reshape(b, t, n, h)
         out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
         return out, extra
@@ -204,17 +214,18 @@ class Qwen2Trunk(nnx.Module):
         tokens_bt: jax.Array,
         *,
         mask_bt: jax.Array | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | DecodeCache | None = None,
         num_new_b: jax.Array | None = None,
-    ) -> tuple[jax.Array, KVCache | None]:
+    ) -> tuple[jax.Array, KVCache | DecodeCache | None]:
         """Returns the final hidden states [B, T, D] and the updated cache (or None).
 
         Args:
           tokens_bt: [B, T] int token ids.
           mask_bt: [B, T] 1 on real tokens, 0 on padding (teacher forcing only; default all 1).
-          cache: a KVCache to append to; the chunk is right-padded with ``num_new_b`` valid tokens
-            (``mask_bt`` is then ignored). Tokens that would land at slot >= S are dropped, as
-            nothing can raise inside jit: callers check ``lengths + num_new_b <= S`` first.
+          cache: a KVCache (or a turn's DecodeCache working copy, returned as one) to append to;
+            the chunk is right-padded with ``num_new_b`` valid tokens (``mask_bt`` is then
+            ignored). Tokens that would land at slot >= S are dropped, as nothing can raise
+            inside jit: callers check ``lengths + num_new_b <= S`` first.
           num_new_b: [B] int valid new tokens per row when a cache is given (default T).
         """
         cfg = self.cfg
@@ -231,24 +242,26 @@ class Qwen2Trunk(nnx.Module):
             causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
             mask_bts = causal_ts[None] & mask_bt[:, None, :]
         else:
+            work = cache if isinstance(cache, DecodeCache) else DecodeCache.load(cache, cache.size)
             if num_new_b is None:
                 num_new_b = jnp.full((b,), t, jnp.int32)
-            positions_bt = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-            slots_s = jnp.arange(cache.size, dtype=jnp.int32)
+            positions_bt = work.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+            slots_s = jnp.arange(work.size, dtype=jnp.int32)
             mask_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
             # Padding rows of the chunk are written to slot S (out of bounds) and dropped, so a
             # short row never overwrites its own history or spills into a neighbour's slots.
-            write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, cache.size)
+            write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, work.size)
 
         cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
 
-        if cache is not None:
-            k_all, v_all = cache.k, cache.v
+        new_k, new_v = [], []
         for i, layer in enumerate(self.layers):
             if cache is not None:
-                x_btd, (k_all, v_all) = layer(
-                    x_btd, cos_bth, sin_bth, mask_bts, (k_all, v_all, i, write_bt)
+                x_btd, (k_i, v_i) = layer(
+                    x_btd, cos_bth, sin_bth, mask_bts, (work.k[i], work.v[i], write_bt)
                 )
+                new_k.append(k_i)
+                new_v.append(v_i)
             elif cfg.remat:
                 # Recompute each layer's activations in the backward pass (training only).
                 x_btd, _ = nnx.remat(_call_layer)(layer, x_btd, cos_bth, sin_bth, mask_bts)
@@ -258,8 +271,8 @@ class Qwen2Trunk(nnx.Module):
         hidden_btd = self.final_norm(x_btd)
         if cache is None:
             return hidden_btd, None
-        new_cache = KVCache(k=k_all, v=v_all, lengths=cache.lengths + num_new_b)
-        return hidden_btd, new_cache
+        new_work = DecodeCache(k=tuple(new_k), v=tuple(new_v), lengths=work.lengths + num_new_b)
+        return hidden_btd, new_work if cache is work else new_work.store(cache)
 
 
 class Qwen2ForCausalLM(nnx.Module):

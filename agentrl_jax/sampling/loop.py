@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.models.kv_cache import DecodeCache, KVCache
 from agentrl_jax.sampling.logits import draw
 from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
 
@@ -62,7 +62,7 @@ class TurnArrays:
 @flax.struct.dataclass
 class _Carry:
     step: jax.Array  # [] int32 decode iterations done
-    cache: KVCache
+    cache: DecodeCache  # the turn's working copy of the slots it uses
     logits_bv: jax.Array  # [B, V] float32 next-token logits after the row's last fed token
     last_b: jax.Array  # [B] int32 the row's last drawn token
     unfed_b: jax.Array  # [B] bool the row drew last_b this iteration: feed it to the model
@@ -80,8 +80,10 @@ def run_turn(
     max_new_b: jax.Array,
     rng: jax.Array,
     choices_bcl: jax.Array | None = None,
+    share: tuple[jax.Array, jax.Array] | None = None,
     *,
     width: int,
+    slots: int | None = None,
     sampling: SamplingParams,
     stop: StopConfig,
     pad_id: int,
@@ -98,7 +100,13 @@ def run_turn(
       rng: PRNG key for this turn.
       choices_bcl: None, or [B, C, L] int32 (L >= 1) the sequences each row may generate,
         -1 padded; a row whose choices are all -1 is unconstrained.
+      share: group prefix sharing: None, or ``(unique_u, source_b)`` [U], [B] int32: only rows
+        ``unique_u`` are prefilled, and row b continues from the prefill of row
+        ``source_b[b]`` (the caller checked that the two rows' histories and chunks are equal).
       width: static output width W.
+      slots: static number of cache slots the turn works on, >= every row's lengths + num_new +
+        max_new (default: the whole cache). Only these slots are copied into the turn's
+        ``DecodeCache``, written and attended over.
       sampling, stop, pad_id: static settings.
 
     Returns:
@@ -175,13 +183,26 @@ def run_turn(
 
     # Prefill: one forward pass over the chunk; only the last valid position needs logits.
     model = nnx.merge(graphdef, state)
-    hidden_btd, cache = model.trunk(chunk_bt, cache=cache, num_new_b=num_new_b)
-    last_t_b = jnp.maximum(num_new_b - 1, 0)
-    logits_bv = model.logits(hidden_btd[rows_b, last_t_b][:, None, :])[:, 0]
+    slots = cache.size if slots is None else slots
+    if share is None:
+        work = DecodeCache.load(cache, slots)
+        hidden_btd, work = model.trunk(chunk_bt, cache=work, num_new_b=num_new_b)
+        last_t_b = jnp.maximum(num_new_b - 1, 0)
+        logits_bv = model.logits(hidden_btd[rows_b, last_t_b][:, None, :])[:, 0]
+    else:
+        # Prefill each distinct prefix once, then give every row its source row's cache.
+        unique_u, source_b = share
+        work = DecodeCache.load(cache, slots, rows=unique_u)
+        num_new_u = num_new_b[unique_u]
+        hidden_utd, work = model.trunk(chunk_bt[unique_u], cache=work, num_new_b=num_new_u)
+        last_t_u = jnp.maximum(num_new_u - 1, 0)
+        rows_u = jnp.arange(unique_u.shape[0])
+        logits_uv = model.logits(hidden_utd[rows_u, last_t_u][:, None, :])[:, 0]
+        work, logits_bv = work.gather(source_b), logits_uv[source_b]
     reason_b = jnp.where(active_b, DoneReason.MAX_NEW_TOKENS, DoneReason.INACTIVE)
     carry = _Carry(
         step=jnp.zeros((), jnp.int32),
-        cache=cache,
+        cache=work,
         logits_bv=logits_bv,
         last_b=jnp.zeros((b,), jnp.int32),
         unfed_b=jnp.zeros((b,), jnp.bool_),
@@ -207,13 +228,13 @@ def run_turn(
         # that just finished has its last token written to the cache in this same step.
         carry = record(carry, carry.logits_bv, jax.random.fold_in(rng, carry.step))
         model = nnx.merge(graphdef, state)
-        logits_b1v, cache = model(
+        logits_b1v, work = model(
             carry.last_b[:, None], cache=carry.cache, num_new_b=carry.unfed_b.astype(jnp.int32)
         )
-        return carry.replace(step=carry.step + 1, cache=cache, logits_bv=logits_b1v[:, 0])
+        return carry.replace(step=carry.step + 1, cache=work, logits_bv=logits_b1v[:, 0])
 
     carry = jax.lax.while_loop(cond, body, carry)
-    return carry.out, carry.cache
+    return carry.out, carry.cache.store(cache)
 
 
 def _ends_with_stop(

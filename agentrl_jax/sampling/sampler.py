@@ -87,6 +87,13 @@ class Sampler:
       mesh: the device mesh the policy is sharded on (``agentrl_jax.sharding``); caches are
         then created sharded by its rules (batch over data and fsdp, kv heads over tp) and each
         turn is traced under the mesh. None: everything on the default device.
+      share_prefixes: group prefix sharing. Rows that start a conversation (empty cache row)
+        with the same tokens, such as the G rollouts of one task, are prefilled once and every
+        one of them continues from that one prefill.
+
+    Attributes:
+      num_traces: compilations of the turn function so far (tests assert on it).
+      prefilled_rows: rows prefilled so far, counted once per distinct shared prefix.
     """
 
     def __init__(
@@ -100,6 +107,7 @@ class Sampler:
         cache_buckets: Sequence[int] | None = None,
         width_buckets: Sequence[int] | None = None,
         mesh: Mesh | None = None,
+        share_prefixes: bool = True,
     ):
         if isinstance(model, nnx.Module):
             self.cfg = model.cfg
@@ -123,7 +131,9 @@ class Sampler:
         # Incremented each time a turn function is traced, i.e. compiled for a new shape bucket
         # or setting; tests assert on it to catch recompiles.
         self.num_traces = 0
-        self._jitted: dict[tuple[SamplingParams, int], object] = {}
+        self.share_prefixes = share_prefixes
+        self.prefilled_rows = 0
+        self._jitted: dict[tuple, object] = {}
 
     def set_state(self, state: nnx.State) -> None:
         """Swaps in new weights (same structure and shapes: no recompilation)."""
@@ -189,12 +199,23 @@ class Sampler:
             conversation so far + new tokens + max_new_tokens does not fit in the cache.
         """
         sampling = sampling or self.sampling
-        chunk_bt, num_new_b, max_new_b = self._check_and_pad(cache, new_tokens, max_new_tokens)
+        chunk_bt, num_new_b, max_new_b, need = self._check_and_pad(
+            cache, new_tokens, max_new_tokens
+        )
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
+        # The turn works on the slots it can reach, rounded up to a power of two (each size is
+        # a compilation): attention reads the filled part of the cache, not every slot a long
+        # episode reserved.
+        slots = min(max(1 << (max(need, 1) - 1).bit_length(), self.cache_buckets[0]), cache.size)
         choices_bcl = self._choices_array(choices, cache.batch, width)
-        fn = self._turn_fn(sampling, width)
+        share = self._share_plan(cache, new_tokens, num_new_b)
+        prefilled = range(cache.batch) if share is None else set(share[0].tolist())
+        self.prefilled_rows += sum(1 for b in prefilled if num_new_b[b] > 0)
+        fn = self._turn_fn(sampling, width, slots, share is not None)
         with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
-            out, cache = fn(self.state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl)
+            out, cache = fn(
+                self.state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl, share
+            )
         return TurnOutput(
             tokens=out.tokens,
             logprobs=out.logprobs,
@@ -243,11 +264,38 @@ class Sampler:
         cache = self.start(len(prompts), cache_size)
         return self.step_turn(cache, prompts, max_new_tokens, rng, sampling=sampling)
 
-    def _turn_fn(self, sampling: SamplingParams, width: int):
-        key = (sampling, width)
+    def _share_plan(self, cache: KVCache, new_tokens, num_new_b: np.ndarray):
+        """``(unique_u, source_b)`` for ``run_turn``, or None when no two rows share a prefix.
+
+        Rows share when both start a conversation (cache length 0) with the same new tokens.
+        The distinct rows are padded to a count bucket by repeating the last one (a duplicate
+        prefill that no row reads), so group sizes share compilations.
+        """
+        if not self.share_prefixes:
+            return None
+        lengths_b = np.asarray(cache.lengths)
+        first: dict[tuple[int, ...], int] = {}
+        unique, source = [], np.arange(cache.batch, dtype=np.int32)
+        for b, row in enumerate(new_tokens):
+            key = tuple(int(i) for i in row) if lengths_b[b] == 0 and num_new_b[b] else None
+            if key is not None and key in first:
+                source[b] = first[key]
+                continue
+            if key is not None:
+                first[key] = len(unique)
+            source[b] = len(unique)
+            unique.append(b)
+        if len(unique) == cache.batch:
+            return None
+        num = bk.round_up(len(unique), bk.COUNT_BUCKETS, what="distinct prefixes")
+        unique_u = np.asarray(unique + unique[-1:] * (num - len(unique)), np.int32)
+        return unique_u, source
+
+    def _turn_fn(self, sampling: SamplingParams, width: int, slots: int, shared: bool):
+        key = (sampling, width, slots, shared)
         if key not in self._jitted:
 
-            def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl):
+            def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl, share):
                 self.num_traces += 1  # Python side effect: runs only while tracing.
                 out, new_cache = run_turn(
                     self.graphdef,
@@ -258,7 +306,9 @@ class Sampler:
                     max_new_b,
                     rng,
                     choices_bcl,
+                    share,
                     width=width,
+                    slots=slots,
                     sampling=sampling,
                     stop=self.stop,
                     pad_id=self.pad_id,
@@ -280,11 +330,12 @@ class Sampler:
         cache: KVCache,
         new_tokens: Sequence[Sequence[int]],
         max_new_tokens: int | Sequence[int],
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Host-side validation, then the chunk padded to its bucket.
 
         Returns:
-          (chunk [B, T] int32, num_new [B] int32, max_new [B] int32) with T a chunk bucket.
+          (chunk [B, T] int32, num_new [B] int32, max_new [B] int32, the most slots a row fills
+          by the end of the turn) with T a chunk bucket.
         """
         b = cache.batch
         if len(new_tokens) != b:
@@ -320,7 +371,7 @@ class Sampler:
         chunk_bt = np.full((b, t), self.pad_id, np.int32)
         for i, r in enumerate(rows):
             chunk_bt[i, : r.size] = r
-        return chunk_bt, num_new_b, max_new_b
+        return chunk_bt, num_new_b, max_new_b, int(need_b.max())
 
 
 __all__ = ["Sampler", "TurnArrays", "TurnOutput"]
