@@ -42,6 +42,8 @@ class ModelSection:
     template: str = "plain"
     dtype: str = "float32"
     remat: bool = False
+    # Positions per LM-head call in the learner: its logits peak at [B, logits_chunk, V].
+    logits_chunk: int = 256
     overrides: tuple[tuple[str, Any], ...] = ()  # preset fields to change, e.g. num_layers=2
 
 
@@ -252,6 +254,9 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         _choice("config.model.preset", model.preset, PRESETS)
     _choice("config.model.dtype", model.dtype, DTYPES)
     _choice("config.model.template", model.template, TEMPLATES)
+    if isinstance(model.logits_chunk, bool) or not isinstance(model.logits_chunk, int):
+        raise ConfigError(f"config.model.logits_chunk is {model.logits_chunk!r}; expected an int")
+    _positive("config.model.logits_chunk", model.logits_chunk)
     env = _section(EnvSection, cd.get("env"), "config.env")
     rollout = _section(RolloutConfig, cd.get("rollout"), "config.rollout")
     sft = _section(SFTSection, cd.get("sft"), "config.sft")

@@ -20,6 +20,9 @@ def base_config() -> ml_collections.ConfigDict:
         template="plain",
         dtype="float32",
         remat=False,
+        # The learner runs the LM head over this many positions at a time (and recomputes them
+        # in the backward pass), so its logits peak at [B, logits_chunk, V], never [B, T, V].
+        logits_chunk=256,
         overrides={},
     )
     c.env = dict(

@@ -11,8 +11,14 @@ log-probs and the entropy are all computed from ``logits / T`` (``temperature``)
 optimised is the one that acted. SFT and greedy evaluation use the raw logits.
 
 Constrained decoding: a batch with ``allowed`` [B, T, K] (the ids the sampler restricted the
-draw of token t to, -1 padded; all -1: unconstrained) gets every logit outside that set masked
-before the softmax, so log-probs, ratios, KL and entropy are of the distribution that acted.
+draw of token t to, -1 padded; all -1: unconstrained) is normalised over that set only, as if every
+other logit were masked before the softmax, so log-probs, ratios, KL and entropy are of the
+distribution that acted.
+
+Memory: the policy's [B, T, V] logits are never materialised. Log-probs and entropies go through
+the LM head ``logits_chunk`` positions at a time, each chunk recomputed in the backward pass
+(``lm_head.token_stats``); ``token_logprobs`` and ``mask_to_allowed`` are the plain formulas it
+reproduces.
 
 Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
@@ -36,6 +42,7 @@ import optax
 from flax import nnx
 
 from agentrl_jax import kernels, sharding
+from agentrl_jax.training.lm_head import MASKED_LOGIT, TokenStats, token_stats
 
 
 @flax.struct.dataclass
@@ -65,11 +72,6 @@ def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
     return jnp.pad(taken, ((0, 0), (1, 0)))
 
 
-# Masked logits: finite, so entropies stay finite (p * log p = 0 * -1e30 = 0), and far enough
-# below any real logit that exp underflows to exactly 0, as the sampler's -inf does.
-_MASKED = -1e30
-
-
 def mask_to_allowed(logits_btv: jax.Array, allowed_btk: jax.Array) -> jax.Array:
     """Masks the logits at t - 1 (which predict token t) to the ids ``allowed[:, t]``.
 
@@ -91,7 +93,7 @@ def mask_to_allowed(logits_btv: jax.Array, allowed_btk: jax.Array) -> jax.Array:
         .set(True, mode="drop")
     )
     constrained_bt = jnp.any(ids_btk >= 0, axis=-1)
-    return jnp.where(constrained_bt[..., None] & ~keep_btv, _MASKED, logits_btv)
+    return jnp.where(constrained_bt[..., None] & ~keep_btv, MASKED_LOGIT, logits_btv)
 
 
 def shift_right(x_bt: jax.Array) -> jax.Array:
@@ -111,6 +113,8 @@ class Learner:
       weights: LossWeights.
       envrl: kernels.EnvrlConfig or None.
       temperature: the rollouts' sampling temperature (> 0); RL log-probs use ``logits / T``.
+      logits_chunk: positions per LM-head call (``lm_head.token_stats``): peak logits memory is
+        [B, logits_chunk, V] instead of [B, T, V].
     """
 
     def __init__(
@@ -125,10 +129,14 @@ class Learner:
         weights: LossWeights | None = None,
         envrl: Any = None,
         temperature: float = 1.0,
+        logits_chunk: int = 256,
     ):
         if not temperature > 0:
             raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
+        if logits_chunk < 1:
+            raise ValueError(f"Learner logits_chunk={logits_chunk}: expected >= 1")
         self.temperature = float(temperature)
+        self.logits_chunk = int(logits_chunk)
         self.policy_graphdef, _ = nnx.split(policy)
         self.value_graphdef = None if value_model is None else nnx.split(value_model)[0]
         self.actor_tx = actor_tx
@@ -214,18 +222,31 @@ class Learner:
 
     # ---------------------------------------------------------------- forward passes
 
-    def _rl_logits(self, model, batch):
-        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        if "allowed" in batch:
-            logits = mask_to_allowed(logits, batch["allowed"])
-        return logits
+    def _token_stats(self, model, tokens, mask, *, temperature=1.0, allowed=None) -> TokenStats:
+        """The policy's per-token log-probs and entropies of ``tokens`` (chunked LM head)."""
+        hidden, _ = model.trunk(tokens, mask_bt=mask)
+        return token_stats(
+            model.logits,
+            hidden,
+            tokens,
+            temperature=temperature,
+            allowed_btk=allowed,
+            chunk=self.logits_chunk,
+        )
+
+    def _rl_stats(self, model, batch) -> TokenStats:
+        """Stats of the distribution that acted: ``logits / T``, restricted to ``allowed``."""
+        return self._token_stats(
+            model,
+            batch["tokens"],
+            batch["mask"],
+            temperature=self.temperature,
+            allowed=batch.get("allowed"),
+        )
 
     def _policy_logprobs(self, policy_state, batch):
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits = self._rl_logits(model, batch)
-        return token_logprobs(logits, batch["tokens"])
+        return self._rl_stats(model, batch).logprobs
 
     def _values(self, value_state, batch):
         model = nnx.merge(self.value_graphdef, value_state)
@@ -235,8 +256,7 @@ class Learner:
 
     def _sft_loss(self, policy_state, batch):
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits, _ = model(batch["tokens"], mask_bt=batch["mask"])
-        logp = token_logprobs(logits, batch["tokens"])
+        logp = self._token_stats(model, batch["tokens"], batch["mask"]).logprobs
         nll = kernels.aggregate(-logp, batch["loss_mask"], "token_mean")
         return nll.value, {"sft/nll": nll.value, "sft/tokens": nll.denominator}
 
@@ -244,8 +264,8 @@ class Learner:
         policy_state, value_state = params
         cfg, w = self.loss_config, self.weights
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logits = self._rl_logits(model, batch)
-        logp = token_logprobs(logits, batch["tokens"])
+        stats = self._rl_stats(model, batch)
+        logp = stats.logprobs
         mask = batch["loss_mask"]
         pg, pg_metrics = self.policy_loss_fn(
             logp,
@@ -259,8 +279,7 @@ class Learner:
         metrics = {"losses/policy_loss": pg.value}
         metrics.update({_metric_name(k): v.value for k, v in pg_metrics.items()})
 
-        entropy = shift_right(kernels.entropy_from_logits(logits))
-        ent = kernels.entropy_bonus(entropy, mask, cfg.aggregation)
+        ent = kernels.entropy_bonus(stats.entropy, mask, cfg.aggregation)
         metrics["losses/entropy"] = ent.value
         if w.entropy:
             total = total - w.entropy * ent.value
@@ -288,8 +307,7 @@ class Learner:
             aux = {}
             for kind in ("sp", "id"):
                 tokens = batch[f"aux_{kind}_tokens"]
-                logits_aux, _ = model(tokens, mask_bt=batch[f"aux_{kind}_mask"])
-                logp_aux = kernels.target_logprobs(logits_aux, tokens)
+                logp_aux = self._token_stats(model, tokens, batch[f"aux_{kind}_mask"]).logprobs
                 aux[kind] = kernels.aux_loss(logp_aux, batch[f"aux_{kind}_target_mask"]).value
                 metrics[f"envrl/{kind}_loss"] = aux[kind]
             total, weights = kernels.envrl_total_loss(

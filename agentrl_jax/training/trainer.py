@@ -259,7 +259,7 @@ class Trainer:
         tx = optax.chain(
             optax.clip_by_global_norm(self.config.rl.max_grad_norm), optax.adam(schedule)
         )
-        return Learner(self.policy, None, tx)
+        return Learner(self.policy, None, tx, logits_chunk=self.config.model.logits_chunk)
 
     def _learner(self) -> Learner:
         cfg = self.config
@@ -289,6 +289,7 @@ class Trainer:
             ),
             envrl=envrl,
             temperature=rl.temperature,
+            logits_chunk=cfg.model.logits_chunk,
         )
 
     # ------------------------------------------------------------------ checkpoints
