@@ -229,6 +229,14 @@ def ref_gagpo(trajs, gamma, lam, normalize=True, norm_by_std=True):
 # ---------------------------------------------------------------------------- comparisons
 
 
+def assert_matches(diffs, name=""):
+    """``diffs`` = (max |ours - ref| where defined, max |ours| elsewhere): the first within ATOL,
+    the second exactly 0 (two asserts: a tuple comparison would stop at the first element)."""
+    diff, outside = diffs
+    assert diff <= ATOL, (name, diff)
+    assert outside == 0.0, (name, outside)
+
+
 def max_token_diff(tokens_bt, positions, per_token_refs):
     """Max |ours - ref| on agent tokens, and max |ours| elsewhere (must be 0)."""
     got = np.asarray(tokens_bt, np.float64)
@@ -265,12 +273,12 @@ def test_token_level_estimators_match_reference(seed, cfg):
 
     out = K.gae(batch, cfg, values=values, kl=kl if cfg.kl_coef else None)
     refs = [ref_gae(t, cfg.gamma, cfg.lam, cfg.kl_coef) for t in trajs]
-    assert max_token_diff(out.tokens, positions, [r[0] for r in refs]) <= (ATOL, 0.0)
-    assert max_token_diff(out.returns, positions, [r[1] for r in refs]) <= (ATOL, 0.0)
+    assert_matches(max_token_diff(out.tokens, positions, [r[0] for r in refs]))
+    assert_matches(max_token_diff(out.returns, positions, [r[1] for r in refs]))
 
     out = K.reinforce_pp(batch, cfg, kl=kl if cfg.kl_coef else None)
     ref = ref_reinforce_pp(trajs, cfg.gamma, cfg.kl_coef, cfg.norm_by_std)
-    assert max_token_diff(out.tokens, positions, ref) <= (ATOL, 0.0)
+    assert_matches(max_token_diff(out.tokens, positions, ref))
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -287,9 +295,9 @@ def test_step_level_estimators_match_reference(seed, cfg):
     }
     for name, ref_steps in cases.items():
         out = K.get_advantage_estimator(name)(batch, cfg)
-        assert max_step_diff(out.steps, ref_steps) <= (ATOL, 0.0), name
+        assert_matches(max_step_diff(out.steps, ref_steps), name)
         ref_tokens = [ref_steps_to_tokens(t, r) for t, r in zip(trajs, ref_steps)]
-        assert max_token_diff(out.tokens, positions, ref_tokens) <= (ATOL, 0.0), name
+        assert_matches(max_token_diff(out.tokens, positions, ref_tokens), name)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -305,7 +313,7 @@ def test_gagpo_unnormalised_matches_reference(seed):
         lam=0.7,
         normalize=False,
     )
-    assert max_step_diff(got, ref_gagpo(trajs, 0.9, 0.7, normalize=False)) <= (ATOL, 0.0)
+    assert_matches(max_step_diff(got, ref_gagpo(trajs, 0.9, 0.7, normalize=False)))
 
 
 # ------------------------------------------------------------------ hand-computed examples
@@ -506,7 +514,7 @@ def test_gae_with_lambda_zero_is_one_step_td():
     batch, values, _, positions = pack(trajs, shape=BUCKET)
     out = K.gae(batch, K.AdvantageConfig(gamma=0.9, lam=0.0), values=values)
     refs = [ref_gae(t, 0.9, 0.0)[0] for t in trajs]
-    assert max_token_diff(out.tokens, positions, refs) <= (ATOL, 0.0)
+    assert_matches(max_token_diff(out.tokens, positions, refs))
 
 
 def test_batch_whitening_stays_exact_over_a_million_tokens():

@@ -146,10 +146,8 @@ class Attention(nnx.Module):
             q_bkxh = q_btkgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
             scores = jnp.einsum("bkxh,bkhs->bkxs", q_bkxh, k_bkhs.astype(dt))
             scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
-            mask_bkxs = jnp.broadcast_to(
-                mask_bts[:, None, None], (b, kv, g, t, mask_bts.shape[-1])
-            ).reshape(b, kv, g * t, -1)
-            scores = jnp.where(mask_bkxs, scores, _NEG_INF)
+            mask_bxs = jnp.tile(mask_bts, (1, g, 1))  # row x = (g, t) is query t's mask
+            scores = jnp.where(mask_bxs[:, None], scores, _NEG_INF)
             probs = jax.nn.softmax(scores, axis=-1).astype(dt)
             out_bkxh = jnp.einsum("bkxs,bksh->bkxh", probs, v_bksh.astype(dt))
             out_btkgh = out_bkxh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4)

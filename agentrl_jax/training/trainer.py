@@ -18,6 +18,7 @@ TensorBoard, eval reports and progress bars; checkpoints go through orbax from a
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -55,11 +56,18 @@ from agentrl_jax.training.trajectory import Trajectory
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    """Return, success, length, truncation and infrastructure failures of a batch of episodes."""
+    """Return, success, length, truncation and infrastructure failures of a batch of episodes.
+
+    ``rollout/singleton_groups`` counts the groups that failures left with one episode: a group
+    estimator (GRPO, RLOO, GiGPO, GAGPO) gives such an episode advantage 0, so it trains nothing.
+    """
     good = [t for t in trajs if not t.infra_failure and t.steps]
+    played = collections.Counter(t.group for t in trajs)
+    kept = collections.Counter(t.group for t in good)
     out = {
         "rollout/episodes": float(len(trajs)),
         "rollout/infra_failures": float(len(trajs) - len(good)),
+        "rollout/singleton_groups": float(sum(kept[g] == 1 < played[g] for g in kept)),
     }
     if good:
         out.update(
