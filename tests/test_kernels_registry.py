@@ -16,6 +16,11 @@ def test_builtin_names_and_requirements():
     assert K.advantage_estimators() == ("gae", "gagpo", "gigpo", "grpo", "reinforce_pp", "rloo")
     assert K.get_advantage_spec("gae").needs_values
     assert not any(K.get_advantage_spec(n).needs_values for n in ("grpo", "gagpo", "gigpo"))
+    grouped = {n for n in K.advantage_estimators() if K.get_advantage_spec(n).needs_groups}
+    assert grouped == {"grpo", "rloo", "gigpo", "gagpo"}
+    # GAGPO is defined with one ratio per action; the others with one per token.
+    levels = {n: K.get_advantage_spec(n).ratio_level for n in K.advantage_estimators()}
+    assert levels == {n: "action" if n == "gagpo" else "token" for n in levels}
     assert set(K.policy_losses()) >= {"ppo", "pg"}
     assert K.get_policy_loss("ppo") is K.ppo_loss
 
@@ -27,6 +32,9 @@ def test_unknown_names_list_the_valid_ones():
         K.get_policy_loss("gae")
     with pytest.raises(ValueError, match="'grpo' is already registered"):
         K.register_advantage_estimator("grpo", lambda *a, **k: None)
+    with pytest.raises(ValueError, match=r"'mine': ratio_level is 'seq'; expected one of"):
+        K.register_advantage_estimator("mine", lambda *a, **k: None, ratio_level="seq")
+    assert "mine" not in K.advantage_estimators()
 
 
 def test_docs_example_registers_and_runs():

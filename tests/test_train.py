@@ -56,11 +56,39 @@ def _config(**sections):
             r"num_train_tasks=400 .* leave none after the budget's 400 demonstrations",
         ),
         (dict(sft=dict(end_lr_fraction=1.5)), r"config.sft.end_lr_fraction is 1.5"),
+        (dict(rl=dict(ratio_level="seq")), r"config.rl.ratio_level='seq': expected 'auto'"),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):
     with pytest.raises(ConfigError, match=match):
         from_config_dict(_config(**sections), num_devices=1)
+
+
+def test_ratio_level_follows_the_estimator_unless_set():
+    def level(**rl):
+        return from_config_dict(_config(rl=rl), num_devices=1).loss_config().ratio_level
+
+    assert level() == "token"  # grpo
+    assert level(algo="gagpo") == "action"  # defined with an action-level ratio
+    assert level(algo="gagpo", ratio_level="token") == "token"  # overridden on purpose
+    assert level(algo="grpo", ratio_level="action") == "action"
+
+
+def test_a_registered_estimator_gets_the_built_in_checks():
+    from agentrl_jax import kernels
+    from agentrl_jax.kernels import registry
+
+    kernels.register_advantage_estimator(
+        "pairwise_test", lambda *a, **k: None, needs_groups=True, ratio_level="action"
+    )
+    try:
+        cfg = _config(rl=dict(algo="pairwise_test"), rollout=dict(group_size=1))
+        with pytest.raises(ConfigError, match="'pairwise_test' compares rollouts within a group"):
+            from_config_dict(cfg, num_devices=1)
+        run = from_config_dict(_config(rl=dict(algo="pairwise_test")), num_devices=1)
+        assert run.loss_config().ratio_level == "action"
+    finally:
+        registry.unregister("pairwise_test")
 
 
 def test_unknown_field_is_an_error():

@@ -48,7 +48,7 @@ from agentrl_jax.kernels.advantages import (
     token_rewards,
 )
 from agentrl_jax.kernels.batch import Batch, make_batch
-from agentrl_jax.kernels.config import AdvantageConfig, LossConfig
+from agentrl_jax.kernels.config import RATIO_LEVELS, AdvantageConfig, LossConfig
 from agentrl_jax.kernels.entropy import entropy_bonus, entropy_from_logits
 from agentrl_jax.kernels.envrl import (
     AuxExamples,
@@ -83,6 +83,7 @@ __all__ = [
     "EnvrlConfig",
     "EstimatorSpec",
     "LossConfig",
+    "RATIO_LEVELS",
     "Weighted",
     "action_mean",
     "advantage_estimators",

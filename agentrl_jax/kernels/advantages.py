@@ -375,7 +375,7 @@ def _grpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
 _grpo_jit = _counted_jit("grpo", _grpo_impl)
 
 
-@register_advantage_estimator("grpo")
+@register_advantage_estimator("grpo", needs_groups=True)
 def grpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """GRPO; see :func:`grpo_advantages`. Every token of a trajectory shares its advantage."""
     _check_inputs("grpo", batch, config, values, kl)
@@ -392,7 +392,7 @@ def _rloo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
 _rloo_jit = _counted_jit("rloo", _rloo_impl)
 
 
-@register_advantage_estimator("rloo")
+@register_advantage_estimator("rloo", needs_groups=True)
 def rloo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """RLOO; see :func:`rloo_advantages`."""
     _check_inputs("rloo", batch, config, values, kl)
@@ -417,7 +417,7 @@ def _gigpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
 _gigpo_jit = _counted_jit("gigpo", _gigpo_impl)
 
 
-@register_advantage_estimator("gigpo")
+@register_advantage_estimator("gigpo", needs_groups=True)
 def gigpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """GiGPO; see :func:`gigpo_step_advantages`. Needs state keys in the batch."""
     _check_inputs("gigpo", batch, config, values, kl, needs_states=True)
@@ -442,7 +442,7 @@ def _gagpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
 _gagpo_jit = _counted_jit("gagpo", _gagpo_impl)
 
 
-@register_advantage_estimator("gagpo")
+@register_advantage_estimator("gagpo", needs_groups=True, ratio_level="action")
 def gagpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """GAGPO; see :func:`gagpo_step_advantages`. Needs state keys in the batch."""
     _check_inputs("gagpo", batch, config, values, kl, needs_states=True)

@@ -21,14 +21,26 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from agentrl_jax.kernels.config import RATIO_LEVELS
+
 
 @dataclasses.dataclass(frozen=True)
 class EstimatorSpec:
-    """A registered advantage estimator and what the trainer must feed it."""
+    """A registered advantage estimator and what the trainer must feed it.
+
+    Attributes:
+      needs_values: the trainer must run the critic and pass ``values=``.
+      needs_groups: the estimator compares rollouts of one task (``group_size >= 2``).
+      ratio_level: the PPO ratio the estimator is defined with ("token": one per token;
+        "action": one per action, from the mean token log-ratio); the run's loss uses it unless
+        ``config.rl.ratio_level`` names one on purpose.
+    """
 
     name: str
     fn: Callable[..., Any]
     needs_values: bool
+    needs_groups: bool = False
+    ratio_level: str = "token"
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
@@ -45,7 +57,13 @@ def _check_name(kind: str, name: Any, table: dict, overwrite: bool) -> None:
 
 
 def register_advantage_estimator(
-    name: str, fn: Callable | None = None, *, needs_values: bool = False, overwrite: bool = False
+    name: str,
+    fn: Callable | None = None,
+    *,
+    needs_values: bool = False,
+    needs_groups: bool = False,
+    ratio_level: str = "token",
+    overwrite: bool = False,
 ):
     """Registers ``fn`` under ``name``; usable as ``@register_advantage_estimator("name")``.
 
@@ -53,12 +71,26 @@ def register_advantage_estimator(
       name: the config name.
       fn: ``fn(batch, config, *, values=None, kl=None) -> Advantages``.
       needs_values: the trainer must run the critic and pass ``values=`` [B, T].
+      needs_groups: the estimator compares the rollouts of a task: a run needs
+        ``rollout.group_size >= 2`` (checked when the config is validated).
+      ratio_level: "token" or "action", the PPO ratio the estimator is defined with.
       overwrite: replace an existing registration instead of raising.
     """
     _check_name("advantage estimator", name, _ESTIMATORS, overwrite)
+    if ratio_level not in RATIO_LEVELS:
+        raise ValueError(
+            f"advantage estimator {name!r}: ratio_level is {ratio_level!r}; expected one of "
+            f"{RATIO_LEVELS}"
+        )
 
     def add(f: Callable) -> Callable:
-        _ESTIMATORS[name] = EstimatorSpec(name=name, fn=f, needs_values=needs_values)
+        _ESTIMATORS[name] = EstimatorSpec(
+            name=name,
+            fn=f,
+            needs_values=needs_values,
+            needs_groups=needs_groups,
+            ratio_level=ratio_level,
+        )
         return f
 
     return add if fn is None else add(fn)

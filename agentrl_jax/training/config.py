@@ -104,7 +104,7 @@ class RLSection:
     clip_low: float = 0.2
     clip_high: float = 0.2
     dual_clip: float | None = None
-    ratio_level: str = "token"
+    ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
     aggregation: str = "token_mean"
     temperature: float = 1.0
     top_p: float = 1.0
@@ -157,13 +157,20 @@ class RunConfig:
             kl_coef=rl.kl_coef if rl.kl_mode == "reward" else 0.0,
         )
 
+    @property
+    def ratio_level(self) -> str:
+        """``rl.ratio_level``, or with "auto" the one the estimator is defined with."""
+        if self.rl.ratio_level == "auto":
+            return kernels.get_advantage_spec(self.rl.algo).ratio_level
+        return self.rl.ratio_level
+
     def loss_config(self) -> kernels.LossConfig:
         rl = self.rl
         return kernels.LossConfig(
             clip_low=rl.clip_low,
             clip_high=rl.clip_high,
             dual_clip=rl.dual_clip,
-            ratio_level=rl.ratio_level,
+            ratio_level=self.ratio_level,
             aggregation=rl.aggregation,
         )
 
@@ -296,10 +303,15 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
             f"config.rl.algo={rl.algo!r} uses a critic over the whole trajectory; it needs "
             f"config.rollout.context_mode='episode' (got {rollout.context_mode!r})"
         )
-    if rl.algo in ("grpo", "rloo", "gigpo", "gagpo") and rollout.group_size < 2:
+    if spec.needs_groups and rollout.group_size < 2:
         raise ConfigError(
             f"config.rl.algo={rl.algo!r} compares rollouts within a group; it needs "
             f"config.rollout.group_size >= 2 (got {rollout.group_size})"
+        )
+    if rl.ratio_level not in ("auto", *kernels.RATIO_LEVELS):
+        raise ConfigError(
+            f"config.rl.ratio_level={rl.ratio_level!r}: expected 'auto' (the estimator's own: "
+            f"{spec.ratio_level!r} for {rl.algo!r}) or one of {kernels.RATIO_LEVELS}"
         )
     try:
         kernels.AdvantageConfig(gamma=rl.gamma, lam=rl.lam, step_weight=rl.step_weight)
@@ -307,7 +319,6 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
             clip_low=rl.clip_low,
             clip_high=rl.clip_high,
             dual_clip=rl.dual_clip,
-            ratio_level=rl.ratio_level,
             aggregation=rl.aggregation,
         )
     except ValueError as e:

@@ -77,7 +77,7 @@ def base_config() -> ml_collections.ConfigDict:
         clip_low=0.2,
         clip_high=0.2,
         dual_clip=None,
-        ratio_level="token",
+        ratio_level="auto",
         aggregation="token_mean",
         temperature=1.0,
         top_p=1.0,
