@@ -57,6 +57,9 @@ def _config(**sections):
         ),
         (dict(sft=dict(end_lr_fraction=1.5)), r"config.sft.end_lr_fraction is 1.5"),
         (dict(rl=dict(ratio_level="seq")), r"config.rl.ratio_level='seq': expected 'auto'"),
+        (dict(rl=dict(kl_estimator="k4")), r"config.rl: LossConfig.kl_estimator is 'k4'"),
+        (dict(rl=dict(kl_clamp=-1.0)), r"config.rl: LossConfig.kl_clamp is -1.0; expected None"),
+        (dict(rl=dict(value_clip=0.0)), r"config.rl: LossConfig.value_clip is 0.0; expected None"),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):
@@ -72,6 +75,14 @@ def test_ratio_level_follows_the_estimator_unless_set():
     assert level(algo="gagpo") == "action"  # defined with an action-level ratio
     assert level(algo="gagpo", ratio_level="token") == "token"  # overridden on purpose
     assert level(algo="grpo", ratio_level="action") == "action"
+
+
+def test_kl_estimator_clamp_and_value_clip_reach_the_losses():
+    rl = dict(algo="gae", kl_coef=0.1, kl_estimator="k2", kl_clamp=5.0, value_clip=None)
+    loss = from_config_dict(_config(rl=rl), num_devices=1).loss_config()
+    assert (loss.kl_estimator, loss.kl_clamp, loss.value_clip) == ("k2", 5.0, None)
+    default = from_config_dict(_config(), num_devices=1).loss_config()
+    assert (default.kl_estimator, default.kl_clamp, default.value_clip) == ("k3", None, 0.2)
 
 
 def test_a_registered_estimator_gets_the_built_in_checks():

@@ -83,6 +83,10 @@ class LossConfig:
             raise ValueError(
                 f"LossConfig.kl_estimator is {self.kl_estimator!r}; expected 'k1', 'k2' or 'k3'"
             )
+        for name in ("value_clip", "kl_clamp"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"LossConfig.{name} is {value!r}; expected None or > 0")
 
 
 DEFAULT_LOSS_CONFIG = LossConfig()  # Immutable: safe as a shared default argument.

@@ -106,6 +106,9 @@ class RLSection:
     dual_clip: float | None = None
     ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
     aggregation: str = "token_mean"
+    value_clip: float | None = 0.2
+    kl_estimator: str = "k3"
+    kl_clamp: float | None = None
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -172,6 +175,9 @@ class RunConfig:
             dual_clip=rl.dual_clip,
             ratio_level=self.ratio_level,
             aggregation=rl.aggregation,
+            value_clip=rl.value_clip,
+            kl_estimator=rl.kl_estimator,
+            kl_clamp=rl.kl_clamp,
         )
 
 
@@ -320,6 +326,9 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
             clip_high=rl.clip_high,
             dual_clip=rl.dual_clip,
             aggregation=rl.aggregation,
+            value_clip=rl.value_clip,
+            kl_estimator=rl.kl_estimator,
+            kl_clamp=rl.kl_clamp,
         )
     except ValueError as e:
         raise ConfigError(f"config.rl: {e}") from e

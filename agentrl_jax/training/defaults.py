@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
         dual_clip=None,
         ratio_level="auto",
         aggregation="token_mean",
+        value_clip=0.2,  # None: unclipped value loss
+        kl_estimator="k3",  # KL to the reference: "k1", "k2" or "k3"
+        kl_clamp=None,  # clamp of the per-token KL estimate
         temperature=1.0,
         top_p=1.0,
         top_k=0,

@@ -568,7 +568,7 @@ class Trainer:
             values = self._forward_in_chunks(self.learner.values, self.state.value, batch, mb)
         kl = None
         if rl.kl_mode == "reward" and ref is not None:
-            kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask))
+            kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask, clamp=rl.kl_clamp))
         adv, returns = rl_batch.advantages(
             rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
         )
