@@ -18,13 +18,13 @@ every host sees (checkpoints are written there by all processes through orbax).
 
 import json
 import os
-import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
+from agentrl_jax.training import cli
 from agentrl_jax.training.config import ConfigError, from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
@@ -49,12 +49,11 @@ def main(argv):
     try:
         config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
     except ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        sys.exit(2)
+        cli.fail(f"config error: {e}")
+    cli.usable_workdir(_WORKDIR.value)
 
     from agentrl_jax.training.trainer import Trainer
 
-    os.makedirs(_WORKDIR.value, exist_ok=True)
     if primary:
         with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
             f.write(_CONFIG.value.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
@@ -80,4 +79,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=cli.parse_flags)

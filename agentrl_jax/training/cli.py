@@ -1,0 +1,92 @@
+"""What the command lines share: flag parsing and workdir checks that end in one clear line.
+
+A wrong ``--config.<section>.<key>=...`` override or an unusable ``--workdir`` is the user's
+mistake, not the program's: the launchers print one line naming the key or path and what was
+expected, and exit with status 2 (absl's usage-error code) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import sys
+from collections.abc import Sequence
+
+from absl import flags
+
+USAGE_ERROR = 2
+
+
+def fail(message: str) -> None:
+    """Prints ``message`` to stderr and exits with the usage-error status."""
+    print(message, file=sys.stderr)
+    sys.exit(USAGE_ERROR)
+
+
+def parse_flags(argv: Sequence[str]) -> list[str]:
+    """``app.run(main, flags_parser=parse_flags)``: absl's parsing, with a clear error for a
+    ``--config.x.y`` override of a key the config does not have."""
+    try:
+        return flags.FLAGS(list(argv))
+    except (flags.Error, AttributeError, KeyError) as e:
+        config = _config_file(argv)
+        for arg in argv[1:]:
+            message = _bad_override(config, arg)
+            if message:
+                fail(message)
+        fail(f"{os.path.basename(argv[0])}: {e}")
+    raise AssertionError("unreachable")
+
+
+def _config_file(argv: Sequence[str]):
+    """The ConfigDict that ``--config=FILE[:ARG]`` names, loaded again (None if it cannot be):
+    a failed override leaves the flag without a value."""
+    arg = next((a for a in argv if a.startswith("--config=")), None)
+    if arg is None:
+        return None
+    path, _, config_arg = arg[len("--config=") :].partition(":")
+    try:
+        spec = importlib.util.spec_from_file_location("_agentrl_config", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module.get_config(config_arg) if config_arg else module.get_config()
+    except Exception:  # noqa: BLE001 - the original parse error is reported instead
+        return None
+
+
+def _bad_override(config, arg: str) -> str | None:
+    """The error for ``--config.a.b=v`` when ``config`` has no ``a.b``, else None."""
+    if config is None or not arg.startswith("--config."):
+        return None
+    path = arg[len("--config.") :].split("=", 1)[0].split(".")
+    node, where = config, "config"
+    for key in path:
+        keys = sorted(node.keys()) if hasattr(node, "keys") else []
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f" (did you mean {where}.{close[0]}?)" if close else ""
+            valid = ", ".join(keys) if keys else f"none: {where} is not a section"
+            return f"config error: {where} has no key {key!r}{hint}; valid keys: {valid}"
+        node, where = node[key], f"{where}.{key}"
+    return None
+
+
+def usable_workdir(path: str) -> str:
+    """Creates ``path`` if needed and checks that files can be written there.
+
+    Returns:
+      The path. On failure: one line naming the path and the reason, exit status 2.
+    """
+    probe = os.path.join(path, f".write_test.{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        fail(
+            f"workdir error: cannot use --workdir={path!r}: {e.strerror or e} "
+            f"({type(e).__name__}); expected a directory this process can create and write"
+        )
+    return path

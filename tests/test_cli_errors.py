@@ -1,0 +1,52 @@
+"""A user's mistakes on the command line end in one clear line and exit status 2."""
+
+import os
+import subprocess
+
+import pytest
+from train_cli import REPO, train_cmd
+
+from agentrl_jax.training import cli
+
+
+def run(*extra, workdir):
+    cmd = train_cmd(workdir, *extra, config="configs/tiny_textworld.py:smoke")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")  # one device, as a user has
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stderr.strip().splitlines()[-1]
+
+
+def test_unknown_config_key_names_the_section_keys_and_closest_match(tmp_path):
+    rc, line = run("--config.rl.lr=1", workdir=tmp_path / "run")
+    assert rc == 2
+    assert line.startswith("config error: config.rl has no key 'lr'; valid keys: actor_lr,")
+    rc, line = run("--config.rll.algo=grpo", workdir=tmp_path / "run")
+    assert rc == 2
+    assert "config has no key 'rll' (did you mean config.rl?)" in line
+    assert not (tmp_path / "run").exists()  # nothing was started
+
+
+def test_unusable_workdir_names_the_path_and_why(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    rc, line = run(workdir=blocker / "run")
+    assert rc == 2
+    assert line.startswith(f"workdir error: cannot use --workdir={str(blocker / 'run')!r}"), line
+    assert "NotADirectoryError" in line
+
+
+def test_override_check_walks_nested_sections():
+    import ml_collections
+
+    config = ml_collections.ConfigDict({"rl": {"algo": "grpo"}, "seed": 0})
+    assert cli._bad_override(config, "--config.rl.algo=gae") is None
+    assert "config.seed is not a section" in cli._bad_override(config, "--config.seed.x=1")
+    assert cli._bad_override(config, "--workdir=x") is None
+
+
+def test_usable_workdir_creates_and_checks(tmp_path):
+    assert cli.usable_workdir(str(tmp_path / "new" / "dir")) == str(tmp_path / "new" / "dir")
+    assert list((tmp_path / "new" / "dir").iterdir()) == []  # the probe file is gone
+    with pytest.raises(SystemExit) as e:
+        cli.usable_workdir("/proc/1/not_here")
+    assert e.value.code == 2
