@@ -65,10 +65,14 @@ class SFTSection:
 
     ``group_by_length``: windows of that many batches are sorted by length before batching
     (less padding; see ``sft_data.SftDataConfig``); 0 batches in shuffled order.
+    ``microbatch_size``: rows per microbatch of a batch (gradient accumulation inside the jitted
+    step: memory is set by the microbatch, the update is the whole batch's); it must divide
+    ``batch_size``; 0 (or None): the whole batch at once.
     """
 
     epochs: int = 2
     batch_size: int = 16
+    microbatch_size: int | None = 0
     learning_rate: float = 1e-3
     warmup_steps: int = 10
     end_lr_fraction: float = 0.1
@@ -90,6 +94,10 @@ class RLSection:
     tasks_per_iteration: int = 8
     epochs: int = 2
     minibatch_size: int = 16
+    # Rows per microbatch of a minibatch (gradient accumulation inside the jitted step: memory is
+    # set by the microbatch, the update is the minibatch's); a divisor of minibatch_size, or 0
+    # (or None) for the whole minibatch at once.
+    microbatch_size: int | None = 0
     actor_lr: float = 1e-4
     critic_lr: float = 1e-3
     max_grad_norm: float = 1.0
@@ -211,6 +219,21 @@ def _positive(path: str, value: float) -> None:
         raise ConfigError(f"{path} is {value!r}; expected > 0")
 
 
+def _microbatch(section: str, value: Any, batch_field: str, batch: int) -> None:
+    """``config.<section>.microbatch_size``: 0 or None (no split), or a divisor of the batch."""
+    path = f"config.{section}.microbatch_size"
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{path} is {value!r}; expected an int >= 0 (0: no microbatches)")
+    if value and batch % value:
+        raise ConfigError(
+            f"{path}={value} does not divide config.{section}.{batch_field}={batch}: a "
+            f"{batch_field} batch must split into whole microbatches; use a divisor of {batch} "
+            "(or 0 for no microbatches)"
+        )
+
+
 def import_plugins(names) -> tuple[str, ...]:
     """Imports the user modules named in ``config.plugins`` (they register estimators, losses).
 
@@ -286,6 +309,8 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         _positive(f"config.rl.{name}", getattr(rl, name))
     for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
         _positive(f"config.rl.{name}", getattr(rl, name))
+    _microbatch("rl", rl.microbatch_size, "minibatch_size", rl.minibatch_size)
+    _microbatch("sft", sft.microbatch_size, "batch_size", sft.batch_size)
     _positive("config.sft.learning_rate", sft.learning_rate)
     if not 0.0 <= sft.end_lr_fraction <= 1.0:
         raise ConfigError(f"config.sft.end_lr_fraction is {sft.end_lr_fraction}; expected [0, 1]")

@@ -51,6 +51,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.sft = dict(
         epochs=3,
         batch_size=16,
+        # Rows per microbatch (gradient accumulation in the jitted step; a divisor of
+        # batch_size): memory is set by the microbatch, the update is the batch's. 0: no split.
+        microbatch_size=0,
         learning_rate=2e-3,
         warmup_steps=10,
         end_lr_fraction=0.1,  # cosine decay from learning_rate to this fraction of it
@@ -63,6 +66,7 @@ def base_config() -> ml_collections.ConfigDict:
         tasks_per_iteration=8,
         epochs=1,
         minibatch_size=16,
+        microbatch_size=0,  # as sft.microbatch_size, a divisor of minibatch_size; 0: no split
         actor_lr=2e-4,
         critic_lr=1e-3,
         max_grad_norm=1.0,

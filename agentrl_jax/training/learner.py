@@ -24,6 +24,11 @@ Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the 
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
 line up with the token they score; column 0 (never an action token) is 0.
 
+Microbatches: with ``microbatch_size``, a step's batch is split into microbatches scanned on
+device (``jax.lax.scan``), each one's gradient added to a float32 accumulator, so activation
+memory is set by the microbatch; the loss, gradient, metrics and update are the whole batch's
+(``_loss_and_grads``). The optimizer and the non-finite check run once, after accumulation.
+
 A non-finite loss or gradient leaves the parameters and optimizer states unchanged (the update is
 skipped inside jit) and reports ``train/skipped_nonfinite = 1``; the trainer logs it and never
 checkpoints a state whose last update was skipped for that reason.
@@ -32,6 +37,7 @@ checkpoints a state whose last update was skipped for that reason.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import flax.struct
@@ -115,6 +121,9 @@ class Learner:
       temperature: the rollouts' sampling temperature (> 0); RL log-probs use ``logits / T``.
       logits_chunk: positions per LM-head call (``lm_head.token_stats``): peak logits memory is
         [B, logits_chunk, V] instead of [B, T, V].
+      microbatch_size: rows per microbatch of a train step's batch (gradient accumulation
+        inside the jitted step; it must divide the batch's rows), or None / 0 for the whole
+        batch at once. The update is the whole batch's either way.
     """
 
     def __init__(
@@ -130,11 +139,17 @@ class Learner:
         envrl: Any = None,
         temperature: float = 1.0,
         logits_chunk: int = 256,
+        microbatch_size: int | None = None,
     ):
         if not temperature > 0:
             raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
         if logits_chunk < 1:
             raise ValueError(f"Learner logits_chunk={logits_chunk}: expected >= 1")
+        if microbatch_size is not None and microbatch_size < 0:
+            raise ValueError(
+                f"Learner microbatch_size={microbatch_size}: expected None, 0 (no split) or > 0"
+            )
+        self.microbatch_size = int(microbatch_size or 0)
         self.temperature = float(temperature)
         self.logits_chunk = int(logits_chunk)
         self.policy_graphdef, _ = nnx.split(policy)
@@ -253,20 +268,47 @@ class Learner:
         return shift_right(model(batch["tokens"], mask_bt=batch["mask"]))
 
     # ---------------------------------------------------------------- losses
+    #
+    # A loss is split in two: ``*_forward(params, batch)`` -> per-row stats (every use of the
+    # parameters), and ``*_terms(stats, batch)`` -> (terms, metrics), where ``terms`` maps each
+    # loss term to (coefficient, Weighted) and the loss is sum_k coefficient_k * value_k. The
+    # split lets ``_loss_and_grads`` scan microbatches through the forward pass and still give
+    # the whole batch's loss, gradient and metrics.
 
-    def _sft_loss(self, policy_state, batch):
+    def _sft_forward(self, policy_state, batch) -> dict[str, jax.Array]:
+        """{"logprobs": [B, T]} of the raw (temperature 1, unconstrained) logits."""
         model = nnx.merge(self.policy_graphdef, policy_state)
-        logp = self._token_stats(model, batch["tokens"], batch["mask"]).logprobs
-        nll = kernels.aggregate(-logp, batch["loss_mask"], "token_mean")
-        return nll.value, {"sft/nll": nll.value, "sft/tokens": nll.denominator}
+        return {"logprobs": self._token_stats(model, batch["tokens"], batch["mask"]).logprobs}
 
-    def _rl_loss(self, params, batch):
+    def _sft_terms(self, stats, batch):
+        """The SFT loss: token-mean negative log-likelihood of the ``loss_mask`` tokens."""
+        nll = kernels.aggregate(-stats["logprobs"], batch["loss_mask"], "token_mean")
+        return {"sft/nll": (1.0, nll)}, {"sft/nll": nll, "sft/tokens": nll.denominator}
+
+    def _rl_forward(self, params, batch) -> dict[str, jax.Array]:
+        """Per-row stats of the current parameters: all the RL terms need of them.
+
+        Returns:
+          "logprobs", "entropy": [B, T] of the distribution that acted; "values": [B, T] with a
+          critic; "aux_sp_logprobs", "aux_id_logprobs": [N, L] with ENVRL examples in the batch.
+        """
         policy_state, value_state = params
-        cfg, w = self.loss_config, self.weights
         model = nnx.merge(self.policy_graphdef, policy_state)
         stats = self._rl_stats(model, batch)
-        logp = stats.logprobs
-        mask = batch["loss_mask"]
+        out = {"logprobs": stats.logprobs, "entropy": stats.entropy}
+        if value_state is not None:
+            vmodel = nnx.merge(self.value_graphdef, value_state)
+            out["values"] = shift_right(vmodel(batch["tokens"], mask_bt=batch["mask"]))
+        if self.envrl is not None and "aux_sp_tokens" in batch:
+            for kind in ("sp", "id"):
+                tokens, mask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_mask"]
+                out[f"aux_{kind}_logprobs"] = self._token_stats(model, tokens, mask).logprobs
+        return out
+
+    def _rl_terms(self, stats, batch):
+        """The RL loss terms (policy, entropy bonus, KL, value, ENVRL) and metrics of ``stats``."""
+        cfg, w = self.loss_config, self.weights
+        logp, mask = stats["logprobs"], batch["loss_mask"]
         pg, pg_metrics = self.policy_loss_fn(
             logp,
             batch["old_logprobs"],
@@ -275,53 +317,140 @@ class Learner:
             step_ids=batch["step_ids"],
             config=cfg,
         )
-        total = pg.value
-        metrics = {"losses/policy_loss": pg.value}
-        metrics.update({_metric_name(k): v.value for k, v in pg_metrics.items()})
+        terms = {"losses/policy_loss": (1.0, pg)}
+        metrics = {"losses/policy_loss": pg}
+        metrics.update({_metric_name(k): v for k, v in pg_metrics.items()})
 
-        ent = kernels.entropy_bonus(stats.entropy, mask, cfg.aggregation)
-        metrics["losses/entropy"] = ent.value
+        ent = kernels.entropy_bonus(stats["entropy"], mask, cfg.aggregation)
+        metrics["losses/entropy"] = ent
         if w.entropy:
-            total = total - w.entropy * ent.value
+            terms["losses/entropy"] = (-w.entropy, ent)
 
         if "ref_logprobs" in batch:
             kl = kernels.kl_loss(logp, batch["ref_logprobs"], mask, config=cfg)
-            metrics["losses/kl_ref"] = kl.value
+            metrics["losses/kl_ref"] = kl
             if w.kl:
-                total = total + w.kl * kl.value
+                terms["losses/kl_ref"] = (w.kl, kl)
 
-        if value_state is not None:
-            vmodel = nnx.merge(self.value_graphdef, value_state)
-            values = shift_right(vmodel(batch["tokens"], mask_bt=batch["mask"]))
+        if "values" in stats:
+            values = stats["values"]
             vf, vf_metrics = kernels.value_loss(
                 values, batch["old_values"], batch["returns"], mask, config=cfg
             )
-            total = total + w.value * vf.value
-            metrics["losses/value_loss"] = vf.value
-            metrics.update({_metric_name(k): v.value for k, v in vf_metrics.items()})
+            terms["losses/value_loss"] = (w.value, vf)
+            metrics["losses/value_loss"] = vf
+            metrics.update({_metric_name(k): v for k, v in vf_metrics.items()})
             metrics["losses/explained_variance"] = kernels.explained_variance(
                 values, batch["returns"], mask
             )
 
-        if self.envrl is not None and "aux_sp_tokens" in batch:
-            aux = {}
+        if "aux_sp_logprobs" in stats:
             for kind in ("sp", "id"):
-                tokens = batch[f"aux_{kind}_tokens"]
-                logp_aux = self._token_stats(model, tokens, batch[f"aux_{kind}_mask"]).logprobs
-                aux[kind] = kernels.aux_loss(logp_aux, batch[f"aux_{kind}_target_mask"]).value
-                metrics[f"envrl/{kind}_loss"] = aux[kind]
-            total, weights = kernels.envrl_total_loss(
-                total, aux["sp"], aux["id"], batch["iteration"], self.envrl
+                aux = kernels.aux_loss(
+                    stats[f"aux_{kind}_logprobs"], batch[f"aux_{kind}_target_mask"]
+                )
+                weight = kernels.cosine_weight(
+                    batch["iteration"], getattr(self.envrl, f"{kind}_weight"), self.envrl.horizon
+                )
+                terms[f"envrl/{kind}_loss"] = (weight, aux)
+                metrics[f"envrl/{kind}_loss"] = aux
+                metrics[f"envrl/{kind}_weight"] = weight
+        metrics["losses/total"] = _total(terms)
+        return terms, metrics
+
+    def _sft_loss(self, policy_state, batch):
+        """The whole batch's SFT loss and metrics, in one piece (no microbatches)."""
+        loss, (_, metrics) = _loss(self._sft_forward, self._sft_terms, policy_state, batch)
+        return loss, _metric_values(metrics)
+
+    def _rl_loss(self, params, batch):
+        """The whole batch's RL loss and metrics in one piece; params: (policy, value or None)."""
+        loss, (_, metrics) = _loss(self._rl_forward, self._rl_terms, params, batch)
+        return loss, _metric_values(metrics)
+
+    # ---------------------------------------------------------------- microbatches
+
+    def _num_microbatches(self, batch) -> int:
+        """How many microbatches ``batch`` splits into (static: from the shapes).
+
+        Raises:
+          ValueError: ``microbatch_size`` does not divide the batch's rows, or an array (ENVRL's
+            ``aux_*``, with rows of their own) does not split into as many microbatches.
+        """
+        rows = batch["tokens"].shape[0]
+        size = self.microbatch_size or rows
+        if rows % size:
+            raise ValueError(
+                f"Learner microbatch_size={size} does not divide the batch's {rows} rows; "
+                f"expected a divisor of {rows}"
             )
-            metrics.update(weights)
-        metrics["losses/total"] = total
-        return total, metrics
+        n = rows // size
+        for key, x in batch.items():
+            if jnp.ndim(x) and x.shape[0] % n:
+                raise ValueError(
+                    f"Learner: batch[{key!r}] has {x.shape[0]} rows, which do not split into the "
+                    f"{n} microbatches of {rows} rows / microbatch_size={size}"
+                )
+        return n
+
+    def _loss_and_grads(self, forward, terms_fn, params, batch):
+        """The whole batch's loss, gradient and metrics, scanned over microbatches on device.
+
+        With ``microbatch_size`` rows per microbatch (strided: microbatch i holds rows i, i + n,
+        ..., so rows sharded over devices stay spread over all of them), only one microbatch's
+        activations are alive at a time. Exactness: every term's denominator (masked tokens or
+        non-empty rows) depends on the masks only and sums over rows (the ``Weighted``
+        contract), so it is taken from the whole batch first, by evaluating the terms on zero
+        stats (no forward pass runs for it). Microbatch i's loss is then sum_k c_k * num_ik /
+        den_k, and its losses and gradients sum to the whole batch's. The metrics are the terms
+        evaluated on the whole batch's stats, reassembled from the microbatches', so means,
+        fractions and the explained variance are the whole batch's, not means of means.
+        Gradients accumulate in float32.
+
+        Args:
+          forward: (params, batch) -> dict of per-row stats, [rows, ...] arrays; every use of
+            the parameters is in it.
+          terms_fn: (stats, batch) -> (terms, metrics): terms maps a name to (coefficient,
+            Weighted), metrics a name to a Weighted or a scalar.
+          params: the pytree differentiated.
+          batch: [B, ...] arrays (ENVRL's ``aux_*``: [N, ...], split into as many microbatches)
+            and scalars, which every microbatch sees whole.
+
+        Returns:
+          (loss, grads, metrics): the scalar loss, grads shaped and typed like ``params``, and
+          the metrics as scalars.
+        """
+        grad_fn = jax.value_and_grad(functools.partial(_loss, forward, terms_fn), has_aux=True)
+        n = self._num_microbatches(batch)
+        if n == 1:
+            (loss, (_, metrics)), grads = grad_fn(params, batch)
+            return loss, grads, _metric_values(metrics)
+
+        shapes = jax.eval_shape(forward, params, batch)
+        zero_stats = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+        terms, _ = terms_fn(zero_stats, batch)
+        denominators = {name: weighted.denominator for name, (_, weighted) in terms.items()}
+        shared = {k: v for k, v in batch.items() if not jnp.ndim(v)}
+        rows = {k: _split_rows(v, n) for k, v in batch.items() if jnp.ndim(v)}
+
+        def body(carry, micro):
+            loss_sum, grads_sum = carry
+            (loss, (stats, _)), grads = grad_fn(params, {**shared, **micro}, denominators)
+            grads_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_sum, grads)
+            return (loss_sum + loss, grads_sum), stats
+
+        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
+        init = (jnp.zeros((), jnp.float32), zeros)
+        (loss, grads), stats = jax.lax.scan(body, init, rows)
+        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
+        _, metrics = terms_fn(jax.tree.map(_merge_rows, stats), batch)
+        return loss, grads, _metric_values(metrics)
 
     # ---------------------------------------------------------------- updates
 
     def _sft_step(self, state: TrainState, batch):
-        (loss, metrics), grads = jax.value_and_grad(self._sft_loss, has_aux=True)(
-            state.policy, batch
+        loss, grads, metrics = self._loss_and_grads(
+            self._sft_forward, self._sft_terms, state.policy, batch
         )
         policy, policy_opt, ok, gnorm = _apply(
             self.actor_tx, loss, grads, state.policy, state.policy_opt
@@ -332,8 +461,8 @@ class Learner:
 
     def _rl_step(self, state: TrainState, batch):
         params = (state.policy, state.value)
-        (loss, metrics), (g_pol, g_val) = jax.value_and_grad(self._rl_loss, has_aux=True)(
-            params, batch
+        loss, (g_pol, g_val), metrics = self._loss_and_grads(
+            self._rl_forward, self._rl_terms, params, batch
         )
         finite = jnp.isfinite(loss) & _all_finite(g_pol)
         if state.value is not None:
@@ -357,6 +486,41 @@ class Learner:
             value_opt=value_opt,
         )
         return new, metrics
+
+
+def _total(terms, denominators=None) -> jax.Array:
+    """sum_k c_k * numerator_k / denominator_k over ``terms`` (name -> (c_k, Weighted)).
+
+    ``denominators`` (name -> scalar) replaces the terms' own, e.g. the whole batch's for a
+    microbatch's numerators.
+    """
+    total = 0.0
+    for name, (coefficient, weighted) in terms.items():
+        if denominators is not None:
+            weighted = kernels.Weighted(weighted.numerator, denominators[name])
+        total = total + coefficient * weighted.value
+    return total
+
+
+def _loss(forward, terms_fn, params, batch, denominators=None):
+    """(loss, (stats, metrics)) of one batch: ``forward``, then ``terms_fn``, then the total."""
+    stats = forward(params, batch)
+    terms, metrics = terms_fn(stats, batch)
+    return _total(terms, denominators), (stats, metrics)
+
+
+def _metric_values(metrics) -> dict[str, jax.Array]:
+    return {k: v.value if isinstance(v, kernels.Weighted) else v for k, v in metrics.items()}
+
+
+def _split_rows(x_r: jax.Array, n: int) -> jax.Array:
+    """[R, ...] -> [n, R / n, ...]: microbatch i holds rows i, i + n, i + 2n, ..."""
+    return jnp.swapaxes(x_r.reshape(x_r.shape[0] // n, n, *x_r.shape[1:]), 0, 1)
+
+
+def _merge_rows(x_nm: jax.Array) -> jax.Array:
+    """[n, R / n, ...] -> [R, ...], the inverse of :func:`_split_rows`."""
+    return jnp.swapaxes(x_nm, 0, 1).reshape(-1, *x_nm.shape[2:])
 
 
 def _on_mesh(x: jax.Array, mesh: jax.sharding.Mesh) -> bool:

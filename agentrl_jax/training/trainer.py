@@ -267,7 +267,13 @@ class Trainer:
         tx = optax.chain(
             optax.clip_by_global_norm(self.config.rl.max_grad_norm), optax.adam(schedule)
         )
-        return Learner(self.policy, None, tx, logits_chunk=self.config.model.logits_chunk)
+        return Learner(
+            self.policy,
+            None,
+            tx,
+            logits_chunk=self.config.model.logits_chunk,
+            microbatch_size=sft.microbatch_size or None,
+        )
 
     def _learner(self) -> Learner:
         cfg = self.config
@@ -298,6 +304,7 @@ class Trainer:
             envrl=envrl,
             temperature=rl.temperature,
             logits_chunk=cfg.model.logits_chunk,
+            microbatch_size=rl.microbatch_size or None,
         )
 
     # ------------------------------------------------------------------ checkpoints
