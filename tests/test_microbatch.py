@@ -148,7 +148,9 @@ def _compare(name, whole, micro):
             dict(aggregation="seq_mean_token_mean", ratio_level="action", dual_clip=3.0),
             True,
         ),
-        (dict(aggregation="seq_mean_token_sum", temperature=0.7), True),
+        pytest.param(
+            dict(aggregation="seq_mean_token_sum", temperature=0.7), True, marks=pytest.mark.slow
+        ),
     ],
 )
 def test_microbatched_rl_step_equals_the_whole_minibatch_step(loss_kwargs, constrained):
@@ -172,6 +174,7 @@ def test_microbatched_rl_step_equals_the_whole_minibatch_step(loss_kwargs, const
     assert _max_diff(state_m.replace(step=before.step), before) == 0.0
 
 
+@pytest.mark.slow  # ~40 s of compilation on 2 cores
 def test_microbatches_on_a_mesh_match_the_whole_minibatch_on_one_device():
     from agentrl_jax.sharding import make_mesh
 
