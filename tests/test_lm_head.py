@@ -210,7 +210,9 @@ def _learners(tied, **kwargs):
     return policy, chunked, full
 
 
-@pytest.mark.parametrize("tied, temperature", [(True, 0.7), (False, 1.0)])
+@pytest.mark.parametrize(
+    "tied, temperature", [(True, 0.7), pytest.param(False, 1.0, marks=pytest.mark.slow)]
+)
 def test_learner_losses_and_gradients_match_the_full_logits_learner(tied, temperature):
     policy, chunked, full = _learners(tied, temperature=temperature)
     params = nnx.state(policy, nnx.Param)

@@ -143,7 +143,7 @@ def _compare(name, whole, micro):
 @pytest.mark.parametrize(
     "loss_kwargs, constrained",
     [
-        (dict(aggregation="token_mean"), False),
+        pytest.param(dict(aggregation="token_mean"), False, marks=pytest.mark.slow),
         (
             dict(aggregation="seq_mean_token_mean", ratio_level="action", dual_clip=3.0),
             True,
@@ -202,6 +202,7 @@ def test_microbatched_sft_step_equals_the_whole_batch_step():
     assert float(results[0][1]["sft/tokens"]) == float(batch["loss_mask"].sum())
 
 
+@pytest.mark.slow  # the degenerate split; ~25 s of compilation on 2 cores
 def test_one_microbatch_of_the_whole_minibatch_is_the_same_step():
     (whole, state_w), (micro, state_m) = _rl_learners((None, B))
     batch = _rl_batch(whole, state_w.policy, constrained=False)
