@@ -61,7 +61,7 @@ class DecodeCache:
     and checkpoint. Attention cannot read it in place: each layer's slice, and the key transpose
     that the scores' matmul needs, are copies of the whole cache on every forward pass, which made
     a decode step's cost grow ten times faster than its arithmetic. A turn therefore copies the
-    slots it can touch (the filled part plus the turn's own tokens, rounded to a cache bucket)
+    slots it can touch (the filled part plus the turn's own tokens, rounded up to a power of two)
     into one array per layer, keys already transposed, runs prefill and every decode step on that
     copy (each step writes one slot per row per layer in place and reads only the copied slots),
     and writes it back once at the end (``store``).

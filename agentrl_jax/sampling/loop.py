@@ -184,21 +184,19 @@ def run_turn(
     # Prefill: one forward pass over the chunk; only the last valid position needs logits.
     model = nnx.merge(graphdef, state)
     slots = cache.size if slots is None else slots
-    if share is None:
-        work = DecodeCache.load(cache, slots)
-        hidden_btd, work = model.trunk(chunk_bt, cache=work, num_new_b=num_new_b)
-        last_t_b = jnp.maximum(num_new_b - 1, 0)
-        logits_bv = model.logits(hidden_btd[rows_b, last_t_b][:, None, :])[:, 0]
-    else:
-        # Prefill each distinct prefix once, then give every row its source row's cache.
-        unique_u, source_b = share
-        work = DecodeCache.load(cache, slots, rows=unique_u)
-        num_new_u = num_new_b[unique_u]
-        hidden_utd, work = model.trunk(chunk_bt[unique_u], cache=work, num_new_b=num_new_u)
-        last_t_u = jnp.maximum(num_new_u - 1, 0)
-        rows_u = jnp.arange(unique_u.shape[0])
-        logits_uv = model.logits(hidden_utd[rows_u, last_t_u][:, None, :])[:, 0]
-        work, logits_bv = work.gather(source_b), logits_uv[source_b]
+    # With sharing, only the distinct prefixes (rows unique_u) are prefilled; every row then
+    # continues from its source row's cache and logits.
+    unique_u, source_b = (None, None) if share is None else share
+    work = DecodeCache.load(cache, slots, rows=unique_u)
+    chunk_ut, num_new_u = (
+        (chunk_bt, num_new_b) if share is None else (chunk_bt[unique_u], num_new_b[unique_u])
+    )
+    hidden_utd, work = model.trunk(chunk_ut, cache=work, num_new_b=num_new_u)
+    last_t_u = jnp.maximum(num_new_u - 1, 0)
+    rows_u = jnp.arange(chunk_ut.shape[0])
+    logits_bv = model.logits(hidden_utd[rows_u, last_t_u][:, None, :])[:, 0]
+    if share is not None:
+        work, logits_bv = work.gather(source_b), logits_bv[source_b]
     reason_b = jnp.where(active_b, DoneReason.MAX_NEW_TOKENS, DoneReason.INACTIVE)
     carry = _Carry(
         step=jnp.zeros((), jnp.int32),

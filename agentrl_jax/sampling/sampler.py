@@ -199,8 +199,10 @@ class Sampler:
             conversation so far + new tokens + max_new_tokens does not fit in the cache.
         """
         sampling = sampling or self.sampling
+        # Waits for the previous turn, whose ids the caller has read anyway.
+        lengths_b = np.asarray(cache.lengths)
         chunk_bt, num_new_b, max_new_b, need = self._check_and_pad(
-            cache, new_tokens, max_new_tokens
+            cache, lengths_b, new_tokens, max_new_tokens
         )
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
         # The turn works on the slots it can reach, rounded up to a power of two (each size is
@@ -208,7 +210,7 @@ class Sampler:
         # episode reserved.
         slots = min(max(1 << (max(need, 1) - 1).bit_length(), self.cache_buckets[0]), cache.size)
         choices_bcl = self._choices_array(choices, cache.batch, width)
-        share = self._share_plan(cache, new_tokens, num_new_b)
+        share = self._share_plan(lengths_b, new_tokens, num_new_b)
         prefilled = range(cache.batch) if share is None else set(share[0].tolist())
         self.prefilled_rows += sum(1 for b in prefilled if num_new_b[b] > 0)
         fn = self._turn_fn(sampling, width, slots, share is not None)
@@ -264,7 +266,7 @@ class Sampler:
         cache = self.start(len(prompts), cache_size)
         return self.step_turn(cache, prompts, max_new_tokens, rng, sampling=sampling)
 
-    def _share_plan(self, cache: KVCache, new_tokens, num_new_b: np.ndarray):
+    def _share_plan(self, lengths_b: np.ndarray, new_tokens, num_new_b: np.ndarray):
         """``(unique_u, source_b)`` for ``run_turn``, or None when no two rows share a prefix.
 
         Rows share when both start a conversation (cache length 0) with the same new tokens.
@@ -273,9 +275,9 @@ class Sampler:
         """
         if not self.share_prefixes:
             return None
-        lengths_b = np.asarray(cache.lengths)
+        batch = len(lengths_b)
         first: dict[tuple[int, ...], int] = {}
-        unique, source = [], np.arange(cache.batch, dtype=np.int32)
+        unique, source = [], np.arange(batch, dtype=np.int32)
         for b, row in enumerate(new_tokens):
             key = tuple(int(i) for i in row) if lengths_b[b] == 0 and num_new_b[b] else None
             if key is not None and key in first:
@@ -285,7 +287,7 @@ class Sampler:
                 first[key] = len(unique)
             source[b] = len(unique)
             unique.append(b)
-        if len(unique) == cache.batch:
+        if len(unique) == batch:
             return None
         num = bk.round_up(len(unique), bk.COUNT_BUCKETS, what="distinct prefixes")
         unique_u = np.asarray(unique + unique[-1:] * (num - len(unique)), np.int32)
@@ -328,10 +330,12 @@ class Sampler:
     def _check_and_pad(
         self,
         cache: KVCache,
+        lengths_b: np.ndarray,
         new_tokens: Sequence[Sequence[int]],
         max_new_tokens: int | Sequence[int],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
-        """Host-side validation, then the chunk padded to its bucket.
+        """Host-side validation (``lengths_b``: the cache's lengths on the host), then the chunk
+        padded to its bucket.
 
         Returns:
           (chunk [B, T] int32, num_new [B] int32, max_new [B] int32, the most slots a row fills
@@ -353,8 +357,6 @@ class Sampler:
                 raise ValueError(
                     f"new_tokens[{i}] holds id {bad}, outside the vocabulary [0, {vocab})"
                 )
-        # Waits for the previous turn, whose ids the caller has read anyway.
-        lengths_b = np.asarray(cache.lengths)
         need_b = lengths_b + num_new_b + max_new_b
         if (need_b > cache.size).any():
             i = int(np.argmax(need_b - cache.size))
