@@ -8,6 +8,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+# What a decoder layer saves for the backward pass (``ModelConfig.remat``); see qwen2.py.
+REMAT_POLICIES = ("none", "full", "save_dots")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -15,8 +18,15 @@ class ModelConfig:
 
     Attributes mirror Hugging Face's ``Qwen2Config`` (see ``hf_checkpoint.config_from_hf``);
     ``dtype`` is the compute dtype (bf16 on accelerators, f32 on CPU; see ``backend_dtypes``),
-    ``param_dtype`` the storage dtype, and ``remat`` rematerialises each decoder layer in the
-    backward pass to save activation memory.
+    ``param_dtype`` the storage dtype.
+
+    ``scan_layers``: the decoder layers are one module whose parameters carry a leading layer axis
+    ([L, ...], logical axis ``layers``), run by ``jax.lax.scan``, so tracing and compiling a pass
+    costs one layer whatever the depth; False keeps a list of L layers (a Python loop).
+    ``remat``: what each layer keeps for the backward pass (``REMAT_POLICIES``): ``"none"`` all
+    of its activations, ``"full"`` only its input (everything is recomputed), ``"save_dots"``
+    the outputs of its weight matmuls (attention and elementwise work are recomputed). ``True``
+    and ``False`` mean ``"full"`` and ``"none"``.
     """
 
     vocab_size: int
@@ -32,9 +42,19 @@ class ModelConfig:
     max_position_embeddings: int = 32768
     dtype: Any = jnp.float32
     param_dtype: Any = jnp.float32
-    remat: bool = False
+    remat: str | bool = "none"
+    scan_layers: bool = False
 
     def __post_init__(self):
+        if isinstance(self.remat, bool):
+            object.__setattr__(self, "remat", "full" if self.remat else "none")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(
+                f"ModelConfig.remat={self.remat!r}; expected one of {list(REMAT_POLICIES)} "
+                "(or a bool: True is 'full')"
+            )
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(f"ModelConfig.scan_layers must be a bool, got {self.scan_layers!r}")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -75,6 +95,7 @@ class ModelConfig:
 
 PRESETS: dict[str, ModelConfig] = {
     # A few million parameters: the CPU default, sized for the built-in tokenizer's vocabulary.
+    # Unrolled: 4 layers compile quickly anyway. The Qwen presets scan their layers.
     "tiny": ModelConfig(
         vocab_size=2048,
         hidden_size=256,
@@ -95,6 +116,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=2,
         head_dim=64,
         tie_word_embeddings=True,
+        scan_layers=True,
     ),
     "qwen2.5-1.5b": ModelConfig(
         vocab_size=151936,
@@ -105,6 +127,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=2,
         head_dim=128,
         tie_word_embeddings=True,
+        scan_layers=True,
     ),
     "qwen2.5-7b": ModelConfig(
         vocab_size=152064,
@@ -115,6 +138,7 @@ PRESETS: dict[str, ModelConfig] = {
         num_kv_heads=4,
         head_dim=128,
         tie_word_embeddings=False,
+        scan_layers=True,
     ),
 }
 

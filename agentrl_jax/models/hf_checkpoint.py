@@ -36,7 +36,7 @@ from safetensors.numpy import save_file
 
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2ValueModel
+from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2ValueModel, stacked_layer_index
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -98,7 +98,8 @@ def config_from_hf(
     Args:
       hf: the parsed config.json.
       source: where it came from, for error messages.
-      **overrides: ModelConfig fields to set (e.g. ``dtype``, ``param_dtype``, ``remat``).
+      **overrides: ModelConfig fields to set (e.g. ``dtype``, ``param_dtype``, ``remat``,
+        ``scan_layers``).
 
     Raises:
       CheckpointError: for an unsupported model_type / architecture / attention variant, or a
@@ -265,6 +266,10 @@ class TensorMap:
 def tensor_maps(cfg: ModelConfig, *, prefix: tuple = ()) -> dict[tuple, TensorMap]:
     """Our parameter paths (as in ``nnx.to_flat_state``) -> their HF tensors.
 
+    Layer parameters are keyed as an unrolled model's, ``(..., "layers", i, ...)``; a scanned
+    model's stacked parameter ``(..., "layers", ...)`` is their L tensors stacked (see
+    ``_layer_maps``).
+
     Args:
       cfg: the model config.
       prefix: the trunk's path prefix is ``prefix + ("trunk",)``; the LM head is at ``prefix``.
@@ -397,6 +402,17 @@ def _describe(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
+def _layer_maps(
+    maps: dict[tuple, TensorMap], path: tuple, num_layers: int
+) -> list[TensorMap] | None:
+    """The TensorMaps of a parameter: one, or a stacked layer parameter's L (None: not in
+    the checkpoint, as the value head)."""
+    k = stacked_layer_index(path)
+    if k is None:
+        return [maps[path]] if path in maps else None
+    return [maps[(*path[: k + 1], i, *path[k + 1 :])] for i in range(num_layers)]
+
+
 def _load_into(model_ctor, cfg: ModelConfig, ckpt: pathlib.Path, mesh: Mesh | None, prefix=()):
     abstract = nnx.eval_shape(model_ctor)
     graphdef, state = nnx.split(abstract)
@@ -412,18 +428,29 @@ def _load_into(model_ctor, cfg: ModelConfig, ckpt: pathlib.Path, mesh: Mesh | No
             sharding = (
                 shardings[path] if mesh is not None else SingleDeviceSharding(jax.devices()[0])
             )
-            tmap = maps.get(path)
-            if tmap is None:
+            tmaps = _layer_maps(maps, path, cfg.num_layers)
+            if tmaps is None:
                 # Not in a causal-LM checkpoint (the value head): starts at zero.
                 value = jax.device_put(np.zeros(spec.shape, spec.dtype), sharding)
             else:
-                assert tmap.our_shape == spec.shape, (path, tmap.our_shape, spec.shape)
-                part = reader.slice(tmap.hf_name, tmap.hf_shape, f"param {_describe(path)}")
-                used.add(tmap.hf_name)
+                stacked = stacked_layer_index(path) is not None
+                shape = spec.shape[1:] if stacked else spec.shape
+                parts = []
+                for tmap in tmaps:
+                    assert tmap.our_shape == shape, (path, tmap.our_shape, spec.shape)
+                    what = f"param {_describe(path)}"
+                    parts.append(reader.slice(tmap.hf_name, tmap.hf_shape, what))
+                    used.add(tmap.hf_name)
                 dtype = np.dtype(spec.dtype)
 
-                def read(index, tmap=tmap, part=part, dtype=dtype):
-                    return tmap.read(part, index).astype(dtype)
+                def read(index, tmaps=tmaps, parts=parts, dtype=dtype, stacked=stacked):
+                    if not stacked:
+                        return tmaps[0].read(parts[0], index).astype(dtype)
+                    # A stacked layer parameter: this device's layers, each read as its own.
+                    layers = range(*index[0].indices(len(tmaps)))
+                    return np.stack(
+                        [tmaps[i].read(parts[i], index[1:]).astype(dtype) for i in layers]
+                    )
 
                 value = jax.make_array_from_callback(spec.shape, sharding, read)
             var.set_value(value)
@@ -444,7 +471,8 @@ def load_hf_model(
       mesh: place each parameter as ``agentrl_jax.sharding`` says; each device reads only its
         own slice. Without a mesh, everything goes to the first device.
       **overrides: ModelConfig fields, e.g. ``dtype=jnp.bfloat16, param_dtype=jnp.bfloat16``
-        (weights are cast on the host) or ``remat=True``.
+        (weights are cast on the host), ``remat="full"`` or ``scan_layers=True`` (the per-layer
+        tensors are stacked on a leading layer axis).
 
     Raises:
       FileNotFoundError: the directory, config.json or the safetensors files are missing.
@@ -481,6 +509,15 @@ def _dtype_name(dtype) -> str:
     return {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}[
         np.dtype(dtype).name
     ]
+
+
+def _value_at(flat: dict[tuple, Any], path: tuple) -> jax.Array:
+    """The array at a ``tensor_maps`` path: the parameter itself, or layer i of a scanned model's
+    stacked parameter (sliced on the device, so one layer at a time comes to the host)."""
+    if path in flat:
+        return flat[path].get_value()
+    k = path.index("layers")
+    return flat[(*path[: k + 1], *path[k + 2 :])].get_value()[path[k + 1]]
 
 
 def save_hf_checkpoint(
@@ -538,7 +575,7 @@ def save_hf_checkpoint(
     for name, entries in zip(names, plan, strict=True):
         tensors = {}
         for path, tmap in entries:
-            tensors[tmap.hf_name] = tmap.to_hf(_to_host(flat[path].get_value())).astype(dtype)
+            tensors[tmap.hf_name] = tmap.to_hf(_to_host(_value_at(flat, path))).astype(dtype)
         weight_map.update(dict.fromkeys(tensors, name))
         total += sum(t.nbytes for t in tensors.values())
         if writer:

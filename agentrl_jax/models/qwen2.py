@@ -188,12 +188,97 @@ class DecoderLayer(nnx.Module):
         return x_btd, extra
 
 
-def _call_layer(layer, x_btd, cos_bth, sin_bth, mask_bts):
-    return layer(x_btd, cos_bth, sin_bth, mask_bts)
+# What jax.checkpoint keeps of a layer for the backward pass, by ``ModelConfig.remat``.
+_REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
+    """One DecoderLayer whose parameters are the L layers' stacked on a leading ``layers`` axis."""
+
+    @nnx.split_rngs(splits=cfg.num_layers)
+    @nnx.vmap(
+        in_axes=0,
+        out_axes=0,
+        # Prepend the layer axis to every parameter's logical axes (replicated: see sharding.py).
+        transform_metadata={nnx.PARTITION_NAME: "layers", "logical_axes": "layers"},
+    )
+    def create(rngs: nnx.Rngs) -> DecoderLayer:
+        return DecoderLayer(cfg, rngs=rngs)
+
+    return create(rngs)
+
+
+def stacked_layer_index(path: tuple) -> int | None:
+    """Where ``"layers"`` is in the state path of a scanned model's stacked layer parameter;
+    None for any other path (one layer of an unrolled model is ``(..., "layers", i, ...)``)."""
+    k = path.index("layers") if "layers" in path else None
+    return k if k is not None and isinstance(path[k + 1], str) else None
+
+
+def _relabel(var: nnx.Variable, value, axes_fn) -> nnx.Variable:
+    """``var`` holding ``value``, its logical axes (if it has any) mapped by ``axes_fn``."""
+    out = var.replace(value)
+    axes = var.get_metadata().get("logical_axes")
+    if axes is not None:
+        out.set_metadata(logical_axes=axes_fn(tuple(axes)))
+    return out
+
+
+def unstack_layers(state: nnx.State) -> nnx.State:
+    """A scanned model's state (or gradients) laid out as the unrolled model's: each stacked
+    ``(..., "layers", name...)`` [L, ...] parameter becomes L parameters ``(..., "layers", i,
+    name...)``. ``nnx.merge(unrolled_graphdef, unstack_layers(state))`` is the same model."""
+    flat = []
+    for path, var in nnx.to_flat_state(state):
+        k = stacked_layer_index(path)
+        if k is None:
+            flat.append((path, var))
+            continue
+        value = var.get_value()
+        for i in range(value.shape[0]):
+            layer_var = _relabel(var, value[i], lambda axes: axes[1:])
+            flat.append(((*path[: k + 1], i, *path[k + 1 :]), layer_var))
+    return nnx.from_flat_state(flat)
+
+
+def stack_layers(state: nnx.State) -> nnx.State:
+    """The inverse of ``unstack_layers``: an unrolled model's state in the scanned layout."""
+    flat, layers = [], {}
+    for path, var in nnx.to_flat_state(state):
+        k = path.index("layers") if "layers" in path else None
+        if k is None or not isinstance(path[k + 1], int):
+            flat.append((path, var))
+        else:
+            layers.setdefault((*path[: k + 1], *path[k + 2 :]), {})[path[k + 1]] = var
+    for path, by_layer in layers.items():
+        value = jnp.stack([by_layer[i].get_value() for i in range(len(by_layer))])
+        flat.append((path, _relabel(by_layer[0], value, lambda axes: ("layers", *axes))))
+    return nnx.from_flat_state(flat)
+
+
+def unroll_layers(model: nnx.Module) -> nnx.Module:
+    """A scanned policy or value model as the unrolled model with the same weights (its layer
+    parameters are static slices of the stacked ones: new arrays); an unrolled one as it is.
+
+    Usable inside jit. The sampler calls it once per turn, outside its decode loop: a loop body
+    that slices the stacked parameters would copy every weight on every decode step.
+    """
+    if not model.cfg.scan_layers:
+        return model
+    cfg = model.cfg.replace(scan_layers=False)
+    abstract = nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0)))
+    return nnx.merge(nnx.graphdef(abstract), unstack_layers(nnx.state(model)))
 
 
 class Qwen2Trunk(nnx.Module):
-    """Embeddings, decoder layers and the final norm: the part policy and value models share."""
+    """Embeddings, decoder layers and the final norm: the part policy and value models share.
+
+    ``layers`` is an ``nnx.List`` of L ``DecoderLayer``s, or with ``cfg.scan_layers`` one
+    ``DecoderLayer`` whose parameters are stacked [L, ...] (see ``ModelConfig``).
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -204,8 +289,46 @@ class Qwen2Trunk(nnx.Module):
             ("vocab", "embed"),
             cfg.param_dtype,
         )
-        self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+        if cfg.scan_layers:
+            self.layers = _stacked_layers(cfg, rngs)
+        else:
+            self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+
+    def _layer_list(self) -> list[DecoderLayer]:
+        """The L layers as modules; a scanned stack's are static slices of its parameters."""
+        if not self.cfg.scan_layers:
+            return list(self.layers)
+        graphdef, state = nnx.split(self.layers)
+        return [
+            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
+            for i in range(self.cfg.num_layers)
+        ]
+
+    def _run_layers(self, x_btd, cos_bth, sin_bth, mask_bts):
+        """Teacher forcing through every layer (scanned or unrolled), rematerialised per layer
+        as ``cfg.remat`` says."""
+        cfg = self.cfg
+
+        def apply(x_btd, graphdef, state):
+            x_btd, _ = nnx.merge(graphdef, state)(x_btd, cos_bth, sin_bth, mask_bts)
+            return x_btd
+
+        if cfg.remat != "none":
+            # prevent_cse only matters outside a scan (jax.checkpoint's docs).
+            apply = jax.checkpoint(
+                apply,
+                policy=_REMAT_POLICIES[cfg.remat],
+                prevent_cse=not cfg.scan_layers,
+                static_argnums=(1,),
+            )
+        if not cfg.scan_layers:
+            for layer in self.layers:
+                x_btd = apply(x_btd, *nnx.split(layer))
+            return x_btd
+        graphdef, state = nnx.split(self.layers)
+        x_btd, _ = jax.lax.scan(lambda x, s: (apply(x, graphdef, s), None), x_btd, state)
+        return x_btd
 
     def __call__(
         self,
@@ -239,36 +362,32 @@ class Qwen2Trunk(nnx.Module):
             positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
             causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
             mask_bts = causal_ts[None] & mask_bt[:, None, :]
-        else:
-            work = cache if isinstance(cache, DecodeCache) else DecodeCache.load(cache, cache.size)
-            if num_new_b is None:
-                num_new_b = jnp.full((b,), t, jnp.int32)
-            positions_bt = work.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-            slots_s = jnp.arange(work.size, dtype=jnp.int32)
-            mask_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
-            # Padding rows of the chunk are written to slot S (out of bounds) and dropped, so a
-            # short row never overwrites its own history or spills into a neighbour's slots.
-            write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, work.size)
+            cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+            x_btd = self._run_layers(x_btd, cos_bth, sin_bth, mask_bts)
+            return self.final_norm(x_btd), None
 
+        work = cache if isinstance(cache, DecodeCache) else DecodeCache.load(cache, cache.size)
+        if num_new_b is None:
+            num_new_b = jnp.full((b,), t, jnp.int32)
+        positions_bt = work.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+        slots_s = jnp.arange(work.size, dtype=jnp.int32)
+        mask_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
+        # Padding rows of the chunk are written to slot S (out of bounds) and dropped, so a
+        # short row never overwrites its own history or spills into a neighbour's slots.
+        write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, work.size)
         cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
 
+        # With a cache, the layers run as a Python loop even when scanned: each keeps its own
+        # working copy of its keys and values (see DecodeCache). (A decode loop should call
+        # ``unroll_layers`` once outside it rather than slice stacked parameters every step.)
         new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            if cache is not None:
-                x_btd, (k_i, v_i) = layer(
-                    x_btd, cos_bth, sin_bth, mask_bts, (work.k[i], work.v[i], write_bt)
-                )
-                new_k.append(k_i)
-                new_v.append(v_i)
-            elif cfg.remat:
-                # Recompute each layer's activations in the backward pass (training only).
-                x_btd, _ = nnx.remat(_call_layer)(layer, x_btd, cos_bth, sin_bth, mask_bts)
-            else:
-                x_btd, _ = layer(x_btd, cos_bth, sin_bth, mask_bts)
-
+        for i, layer in enumerate(self._layer_list()):
+            x_btd, (k_i, v_i) = layer(
+                x_btd, cos_bth, sin_bth, mask_bts, (work.k[i], work.v[i], write_bt)
+            )
+            new_k.append(k_i)
+            new_v.append(v_i)
         hidden_btd = self.final_norm(x_btd)
-        if cache is None:
-            return hidden_btd, None
         new_work = DecodeCache(k=tuple(new_k), v=tuple(new_v), lengths=work.lengths + num_new_b)
         return hidden_btd, new_work if cache is work else new_work.store(cache)
 

@@ -32,6 +32,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from agentrl_jax.models.kv_cache import DecodeCache, KVCache
+from agentrl_jax.models.qwen2 import unroll_layers
 from agentrl_jax.sampling.logits import draw
 from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
 
@@ -182,7 +183,10 @@ def run_turn(
         )
 
     # Prefill: one forward pass over the chunk; only the last valid position needs logits.
-    model = nnx.merge(graphdef, state)
+    # A scanned model's stacked layer parameters are sliced into per-layer arrays once per turn
+    # (like the cache's working copy): the decode loop then reads each layer's weights in place.
+    model = unroll_layers(nnx.merge(graphdef, state))
+    graphdef, state = nnx.split(model)
     slots = cache.size if slots is None else slots
     # With sharing, only the distinct prefixes (rows unique_u) are prefilled; every row then
     # continues from its source row's cache and logits.
