@@ -18,7 +18,7 @@ from agentrl_jax.training.defaults import base_config
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
     c = base_config()
-    c.model.update(template="qwen", dtype="bfloat16", remat=True)
+    c.model.update(template="qwen", dtype="bfloat16", remat="full", scan_layers=True)
     c.env.update(
         name="alfworld",
         kwargs=dict(max_steps=50, admissible_commands=True),

@@ -19,7 +19,7 @@ from agentrl_jax.training.defaults import base_config
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     del arg
     c = base_config()
-    c.model.update(template="qwen", dtype="bfloat16", remat=True)
+    c.model.update(template="qwen", dtype="bfloat16", remat="full", scan_layers=True)
     c.env.update(
         name="swe",
         kwargs=dict(path="swe_tasks/tasks.jsonl", reward="verified_ratio", max_turns=20),

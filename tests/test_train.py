@@ -49,6 +49,7 @@ def _config(**sections):
         (dict(rollout=dict(group_size=1)), "group_size >= 2"),
         (dict(mesh=(2, 2, 1)), r"needs 4 devices; this run has 1"),
         (dict(model=dict(preset="qwen9")), "config.model.preset is 'qwen9'; valid choices"),
+        (dict(model=dict(remat="dots")), r"config.model.remat is 'dots'; valid choices"),
         (dict(rl=dict(aggregation="mean")), "aggregation"),
         (dict(rl=dict(task_pool="fresh")), r"config.rl.task_pool is 'fresh'; valid choices"),
         (

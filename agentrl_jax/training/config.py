@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from agentrl_jax import kernels
-from agentrl_jax.models.config import PRESETS
+from agentrl_jax.models.config import PRESETS, REMAT_POLICIES
 from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training.curriculum import CurriculumConfig
 from agentrl_jax.training.rollout import RolloutConfig
@@ -41,7 +41,8 @@ class ModelSection:
     tokenizer_vocab: int = 2048
     template: str = "plain"
     dtype: str = "float32"
-    remat: bool = False
+    remat: str = "none"  # what each layer keeps for the backward pass: REMAT_POLICIES
+    scan_layers: bool = False  # the layers as one scanned stack (ModelConfig.scan_layers)
     # Positions per LM-head call in the learner: its logits peak at [B, logits_chunk, V].
     logits_chunk: int = 256
     overrides: tuple[tuple[str, Any], ...] = ()  # preset fields to change, e.g. num_layers=2
@@ -290,6 +291,9 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         _choice("config.model.preset", model.preset, PRESETS)
     _choice("config.model.dtype", model.dtype, DTYPES)
     _choice("config.model.template", model.template, TEMPLATES)
+    _choice("config.model.remat", model.remat, REMAT_POLICIES)
+    if not isinstance(model.scan_layers, bool):
+        raise ConfigError(f"config.model.scan_layers is {model.scan_layers!r}; expected a bool")
     if isinstance(model.logits_chunk, bool) or not isinstance(model.logits_chunk, int):
         raise ConfigError(f"config.model.logits_chunk is {model.logits_chunk!r}; expected an int")
     _positive("config.model.logits_chunk", model.logits_chunk)

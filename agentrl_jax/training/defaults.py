@@ -19,7 +19,12 @@ def base_config() -> ml_collections.ConfigDict:
         tokenizer_vocab=1024,
         template="plain",
         dtype="float32",
-        remat=False,
+        # What each decoder layer keeps for the backward pass: "none", "full" (recompute it
+        # all) or "save_dots" (keep the weight matmuls' outputs).
+        remat="none",
+        # The decoder layers as one lax.scan over stacked parameters: compile time does not
+        # grow with depth (the Qwen configs turn it on; the tiny model runs as fast unrolled).
+        scan_layers=False,
         # The learner runs the LM head over this many positions at a time (and recomputes them
         # in the backward pass), so its logits peak at [B, logits_chunk, V], never [B, T, V].
         logits_chunk=256,

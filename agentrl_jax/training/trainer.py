@@ -242,11 +242,22 @@ class Trainer:
         if cfg.checkpoint:
             from agentrl_jax.models.hf_checkpoint import load_hf_model
 
-            return load_hf_model(cfg.checkpoint, mesh=self.mesh, dtype=dtype, remat=cfg.remat)
+            return load_hf_model(
+                cfg.checkpoint,
+                mesh=self.mesh,
+                dtype=dtype,
+                remat=cfg.remat,
+                scan_layers=cfg.scan_layers,
+            )
         # A fresh model gets exactly the tokenizer's vocabulary, so it can never sample an id
         # the tokenizer cannot decode.
-        overrides = {"vocab_size": len(self.tokenizer), **dict(cfg.overrides)}
-        model_cfg = preset(cfg.preset, dtype=dtype, remat=cfg.remat, **overrides)
+        overrides = {
+            "remat": cfg.remat,
+            "scan_layers": cfg.scan_layers,
+            "vocab_size": len(self.tokenizer),
+            **dict(cfg.overrides),
+        }
+        model_cfg = preset(cfg.preset, dtype=dtype, **overrides)
         # One compiled initialiser, each parameter created in its layout on the mesh.
         seed = self.config.seed
         return create_sharded_model(
