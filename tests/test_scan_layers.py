@@ -15,6 +15,7 @@ from safetensors.numpy import load_file
 from agentrl_jax import sharding
 from agentrl_jax.models import hf_checkpoint as hc
 from agentrl_jax.models.config import preset
+from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.models.qwen2 import (
     Qwen2ForCausalLM,
     stack_layers,
@@ -100,6 +101,22 @@ def test_forward_and_gradients_equal_unrolled(scanned):
     assert abs(float(loss_s) - float(loss_u)) <= TOL
     # Compared layer by layer: the stacked gradients unstacked onto the unrolled paths.
     assert _max_diff(_flat(unstack_layers(grads_s)), _flat(grads_u)) <= TOL
+
+
+def test_cached_forward_equals_unrolled(scanned):
+    """A direct call with a KV cache (the sampler unrolls first; this path slices in place)."""
+    tokens, _ = _batch()
+    num_new = jnp.asarray([9, 4, 0], jnp.int32)
+    step = jax.jit(lambda m, t, c, n: m(t, cache=c, num_new_b=n))
+    outs = [
+        step(m, tokens, KVCache.create(SCANNED, 3, 16), num_new)
+        for m in (scanned, unroll_layers(scanned))
+    ]
+    (logits_s, cache_s), (logits_u, cache_u) = outs
+    assert float(jnp.max(jnp.abs(logits_s - logits_u))) <= TOL
+    assert float(jnp.max(jnp.abs(cache_s.k - cache_u.k))) <= TOL
+    assert float(jnp.max(jnp.abs(cache_s.v - cache_u.v))) <= TOL
+    np.testing.assert_array_equal(cache_s.lengths, [9, 4, 0])
 
 
 @pytest.mark.parametrize("remat", ["full", "save_dots"])

@@ -260,8 +260,9 @@ def stack_layers(state: nnx.State) -> nnx.State:
 
 
 def unroll_layers(model: nnx.Module) -> nnx.Module:
-    """A scanned policy or value model as the unrolled model with the same weights (its layer
-    parameters are static slices of the stacked ones: new arrays); an unrolled one as it is.
+    """A scanned model (policy, value model or trunk) as the unrolled one with the same weights
+    (its layer parameters are static slices of the stacked ones: new arrays); an unrolled model
+    as it is.
 
     Usable inside jit. The sampler calls it once per turn, outside its decode loop: a loop body
     that slices the stacked parameters would copy every weight on every decode step.
@@ -294,16 +295,6 @@ class Qwen2Trunk(nnx.Module):
         else:
             self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
-
-    def _layer_list(self) -> list[DecoderLayer]:
-        """The L layers as modules; a scanned stack's are static slices of its parameters."""
-        if not self.cfg.scan_layers:
-            return list(self.layers)
-        graphdef, state = nnx.split(self.layers)
-        return [
-            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], state))
-            for i in range(self.cfg.num_layers)
-        ]
 
     def _run_layers(self, x_btd, cos_bth, sin_bth, mask_bts):
         """Teacher forcing through every layer (scanned or unrolled), rematerialised per layer
@@ -381,7 +372,7 @@ class Qwen2Trunk(nnx.Module):
         # working copy of its keys and values (see DecodeCache). (A decode loop should call
         # ``unroll_layers`` once outside it rather than slice stacked parameters every step.)
         new_k, new_v = [], []
-        for i, layer in enumerate(self._layer_list()):
+        for i, layer in enumerate(unroll_layers(self).layers):
             x_btd, (k_i, v_i) = layer(
                 x_btd, cos_bth, sin_bth, mask_bts, (work.k[i], work.v[i], write_bt)
             )
