@@ -163,7 +163,9 @@ class Learner:
         # Donating the state lets XLA write the new parameters and moments into the old buffers.
         self.sft_step = jax.jit(self._sft_step, donate_argnums=0)
         self.rl_step = jax.jit(self._rl_step, donate_argnums=0)
+        self.rl_update = jax.jit(self._rl_update, donate_argnums=0)
         self.policy_logprobs = jax.jit(self._policy_logprobs)
+        self.score = jax.jit(self._score, static_argnames="rows_per_chunk")
         self.mesh: jax.sharding.Mesh | None = None
         self.values = jax.jit(self._values)
 
@@ -210,6 +212,9 @@ class Learner:
                 self._sft_step, donate_argnums=0, out_shardings=(shardings, None)
             )
             self.rl_step = jax.jit(self._rl_step, donate_argnums=0, out_shardings=(shardings, None))
+            self.rl_update = jax.jit(
+                self._rl_update, donate_argnums=0, out_shardings=(shardings, None)
+            )
         return state
 
     def place_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
@@ -231,6 +236,18 @@ class Learner:
                 host = np.asarray(v)
                 out[k] = jax.make_array_from_callback(host.shape, named, lambda i, h=host: h[i])
         return out
+
+    def place_replicated(self, tree: Any) -> Any:
+        """Puts host arrays on the devices whole (every device a copy), e.g. a shuffle plan."""
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, tree)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def put(x):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, replicated, lambda i: x[i])
+
+        return jax.tree.map(put, tree)
 
     def policy_module(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.policy_graphdef, state.policy)
@@ -266,6 +283,37 @@ class Learner:
     def _values(self, value_state, batch):
         model = nnx.merge(self.value_graphdef, value_state)
         return shift_right(model(batch["tokens"], mask_bt=batch["mask"]))
+
+    def _score(self, policy_state, ref_state, value_state, batch, *, rows_per_chunk: int):
+        """What the update needs of the rollout's models, in one program over the whole batch.
+
+        Returns {"old_logprobs": [R, T]} and, when their states are given, "ref_logprobs" [R, T]
+        and "old_values" [R, T]; ``rows_per_chunk`` rows go through the models at a time (a
+        ``lax.map`` over strided row chunks, as the microbatches of a step), so activation
+        memory is a chunk's, and nothing returns to the host in between.
+        """
+        inputs = {k: batch[k] for k in ("tokens", "mask", "allowed") if k in batch}
+        rows = inputs["tokens"].shape[0]
+        size = min(rows_per_chunk, rows)
+        n = rows // size
+        if rows % size:
+            raise ValueError(
+                f"Learner.score: rows_per_chunk={rows_per_chunk} does not divide the batch's "
+                f"{rows} rows"
+            )
+
+        def one(chunk):
+            out = {"old_logprobs": self._policy_logprobs(policy_state, chunk)}
+            if ref_state is not None:
+                out["ref_logprobs"] = self._policy_logprobs(ref_state, chunk)
+            if value_state is not None:
+                out["old_values"] = self._values(value_state, chunk)
+            return out
+
+        if n == 1:
+            return one(inputs)
+        out = jax.lax.map(one, {k: _split_rows(v, n) for k, v in inputs.items()})
+        return jax.tree.map(_merge_rows, out)
 
     # ---------------------------------------------------------------- losses
     #
@@ -486,6 +534,40 @@ class Learner:
             value_opt=value_opt,
         )
         return new, metrics
+
+    def _rl_update(self, state: TrainState, batch, index_ur, per_update):
+        """One RL update: a train step per minibatch, scanned on device.
+
+        Args:
+          state: the train state (donated).
+          batch: the update's whole batch, [R, ...] arrays, placed on the devices once.
+          index_ur: [U, M] int32, the rows of each of the U minibatches in order (the host draws
+            the shuffle, so the update is the one of U ``rl_step`` calls on ``batch[index_u]``).
+          per_update: dict of [U, ...] arrays each step sees its slice of (ENVRL's examples and
+            schedule step), or {}.
+
+        Returns:
+          (state, metrics): metrics of every step, [U] arrays (one transfer to the host).
+        """
+
+        def step(state, xs):
+            index_r, extra = xs
+            minibatch = {k: jnp.take(v, index_r, axis=0) for k, v in batch.items()}
+            minibatch = self._constrain_rows({**minibatch, **extra})
+            return self._rl_step(state, minibatch)
+
+        return jax.lax.scan(step, state, (index_ur, per_update))
+
+    def _constrain_rows(self, batch):
+        """On a mesh: rows split over the (data, fsdp) axes, as ``place_batch`` lays them out."""
+        if self.mesh is None:
+            return batch
+        return {
+            k: jax.lax.with_sharding_constraint(
+                v, sharding.named_sharding(self.mesh, _batch_axes(v), v.shape)
+            )
+            for k, v in batch.items()
+        }
 
 
 def _total(terms, denominators=None) -> jax.Array:
