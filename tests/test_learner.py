@@ -178,8 +178,8 @@ def test_sharded_train_step_matches_one_device():
     for use_mesh in (None, mesh):
         policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
         critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
-        learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2))
-        state = learner.init(policy, critic, mesh=use_mesh)
+        learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), mesh=use_mesh)
+        state = learner.init(policy, critic)
         batch = _rl_inputs(learner, learner.init(policy, critic), _batch(rows=8))
         state, metrics = learner.rl_step(state, learner.place_batch(batch))
         state, metrics = learner.rl_step(state, learner.place_batch(batch))
@@ -192,6 +192,23 @@ def test_sharded_train_step_matches_one_device():
     gate = sharded_state.policy["trunk"]["layers"][0]["mlp"]["gate_weight_df"].value
     assert gate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
     assert len(gate.sharding.device_set) == 8
+    # Adam's moments share their parameter's layout (both of them, for every parameter).
+    like_gate = [x for x in jax.tree.leaves(sharded_state.policy_opt) if x.shape == gate.shape]
+    assert len(like_gate) >= 2 and all(x.sharding == gate.sharding for x in like_gate)
+
+
+def test_abstract_state_is_the_layout_init_makes():
+    from agentrl_jax.sharding import make_mesh
+
+    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), mesh=make_mesh((2, 2, 2)))
+    abstract = learner.abstract_state(policy, critic)
+    state = learner.init(policy, critic)
+    assert jax.tree.structure(abstract) == jax.tree.structure(state)
+    for a, x in zip(jax.tree.leaves(abstract), jax.tree.leaves(state)):
+        assert isinstance(a, jax.ShapeDtypeStruct)
+        assert (a.shape, a.dtype, a.sharding) == (x.shape, x.dtype, x.sharding)
 
 
 def test_rl_update_equals_one_rl_step_per_minibatch():

@@ -109,6 +109,11 @@ class Checkpointer:
         )
         return restored.state, dict(restored.meta)
 
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """Checkpoint ``step``'s JSON meta alone (no array is read)."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored.meta)
+
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, meta) of the newest complete checkpoint, or None when there is none."""
         step = self.latest_step()

@@ -124,6 +124,7 @@ class Learner:
       microbatch_size: rows per microbatch of a train step's batch (gradient accumulation
         inside the jitted step; it must divide the batch's rows), or None / 0 for the whole
         batch at once. The update is the whole batch's either way.
+      mesh: the device mesh the state and batches live on, or None for the default device.
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class Learner:
         temperature: float = 1.0,
         logits_chunk: int = 256,
         microbatch_size: int | None = None,
+        mesh: jax.sharding.Mesh | None = None,
     ):
         if not temperature > 0:
             raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
@@ -160,62 +162,83 @@ class Learner:
         self.policy_loss_fn = kernels.get_policy_loss(policy_loss)
         self.weights = weights or LossWeights()
         self.envrl = envrl
+        self.mesh = mesh
+        # The state's layout, from its shapes alone: the train steps are compiled with exactly
+        # these output shardings, and ``init`` creates the state in them.
+        self.state_shardings = None
+        if mesh is not None:
+            self.state_shardings = self._shardings(self.abstract_state(policy, value_model))
+        out = {} if mesh is None else {"out_shardings": (self.state_shardings, None)}
         # Donating the state lets XLA write the new parameters and moments into the old buffers.
-        self.sft_step = jax.jit(self._sft_step, donate_argnums=0)
-        self.rl_step = jax.jit(self._rl_step, donate_argnums=0)
-        self.rl_update = jax.jit(self._rl_update, donate_argnums=0)
+        self.sft_step = jax.jit(self._sft_step, donate_argnums=0, **out)
+        self.rl_step = jax.jit(self._rl_step, donate_argnums=0, **out)
+        self.rl_update = jax.jit(self._rl_update, donate_argnums=0, **out)
         self.policy_logprobs = jax.jit(self._policy_logprobs)
         self.score = jax.jit(self._score, static_argnames="rows_per_chunk")
-        self.mesh: jax.sharding.Mesh | None = None
         self.values = jax.jit(self._values)
 
     # ---------------------------------------------------------------- state
 
-    def init(
-        self,
-        policy: nnx.Module,
-        value_model: nnx.Module | None = None,
-        mesh: jax.sharding.Mesh | None = None,
-    ) -> TrainState:
-        """A fresh state from the modules' parameters, laid out on ``mesh`` when given.
+    def init(self, policy: nnx.Module, value_model: nnx.Module | None = None) -> TrainState:
+        """A fresh state from the modules' parameters, laid out on the Learner's mesh.
 
-        The parameters are copied: train steps donate the state's buffers, and the modules (and
-        anything else holding their arrays) must stay usable. On a mesh, each parameter takes
-        the layout of the logical-axis rules (``agentrl_jax.sharding``), the optimizer moments
-        inherit it, and the train steps are compiled with exactly these output shardings.
+        One compiled program copies the parameters (train steps donate the state's buffers,
+        and the modules must stay usable) and creates the optimizer moments, each array in its
+        layout (``state_shardings``): the logical-axis rules for parameters, the same for their
+        moments, scalars replicated.
         """
+        out = {} if self.mesh is None else {"out_shardings": self.state_shardings}
+        return jax.jit(self._new_state, **out)(_params(policy), _params(value_model))
 
-        def place(module):
-            params = nnx.state(module, nnx.Param)
-            if mesh is None:
-                return jax.tree.map(jnp.copy, params)
-            return jax.device_put(params, sharding.state_shardings(params, mesh))
+    def abstract_state(
+        self, policy: nnx.Module, value_model: nnx.Module | None = None
+    ) -> TrainState:
+        """The state ``init`` would make, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh).
 
-        policy_state = place(policy)
-        value_state = None if value_model is None else place(value_model)
-        state = TrainState(
-            step=jnp.zeros((), jnp.int32),
-            policy=policy_state,
-            policy_opt=jax.jit(self.actor_tx.init)(policy_state),
-            value=value_state,
-            value_opt=None if value_state is None else jax.jit(self.critic_tx.init)(value_state),
+        Nothing is allocated: a restore target, or the shapes of a plan.
+        """
+        abstract = jax.eval_shape(self._new_state, _params(policy), _params(value_model))
+        if self.mesh is None:
+            return abstract
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract,
+            self._shardings(abstract),
         )
-        if mesh is not None:
-            self.mesh = mesh
-            # Scalars (step, optimizer counts) are replicated over the mesh with the rest.
-            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            state = jax.tree.map(
-                lambda x: x if _on_mesh(x, mesh) else jax.device_put(x, replicated), state
+
+    def _new_state(self, policy_params, value_params) -> TrainState:
+        copy = functools.partial(jax.tree.map, jnp.copy)
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            policy=copy(policy_params),
+            policy_opt=self.actor_tx.init(policy_params),
+            value=None if value_params is None else copy(value_params),
+            value_opt=None if value_params is None else self.critic_tx.init(value_params),
+        )
+
+    def _shardings(self, abstract: TrainState) -> TrainState:
+        """Each parameter by the logical-axis rules, its moments alike, the rest replicated."""
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def params_and_moments(params, opt, tx):
+            if params is None:
+                return None, None
+            # One sharding per parameter, in the parameters' own tree (Variables and all), so
+            # optax can pair it with each copy of the parameters in the optimizer state.
+            shardings = jax.tree.unflatten(
+                jax.tree.structure(params),
+                jax.tree.leaves(sharding.state_shardings(params, self.mesh)),
             )
-            shardings = jax.tree.map(lambda x: x.sharding, state)
-            self.sft_step = jax.jit(
-                self._sft_step, donate_argnums=0, out_shardings=(shardings, None)
+            moments = optax.tree_map_params(
+                tx, lambda _, s: s, opt, shardings, transform_non_params=lambda _: replicated
             )
-            self.rl_step = jax.jit(self._rl_step, donate_argnums=0, out_shardings=(shardings, None))
-            self.rl_update = jax.jit(
-                self._rl_update, donate_argnums=0, out_shardings=(shardings, None)
-            )
-        return state
+            return shardings, moments
+
+        policy, policy_opt = params_and_moments(abstract.policy, abstract.policy_opt, self.actor_tx)
+        value, value_opt = params_and_moments(abstract.value, abstract.value_opt, self.critic_tx)
+        return TrainState(
+            step=replicated, policy=policy, policy_opt=policy_opt, value=value, value_opt=value_opt
+        )
 
     def place_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """Puts a batch on the devices, rows split over the mesh's (data, fsdp) axes.
@@ -605,8 +628,8 @@ def _merge_rows(x_nm: jax.Array) -> jax.Array:
     return jnp.swapaxes(x_nm, 0, 1).reshape(-1, *x_nm.shape[2:])
 
 
-def _on_mesh(x: jax.Array, mesh: jax.sharding.Mesh) -> bool:
-    return isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+def _params(module: nnx.Module | None):
+    return None if module is None else nnx.state(module, nnx.Param)
 
 
 def _batch_axes(x) -> tuple[str | None, ...]:

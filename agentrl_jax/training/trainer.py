@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import math
 import os
 import pathlib
@@ -86,7 +85,7 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def rl_learner(config: RunConfig, policy, critic) -> Learner:
+def rl_learner(config: RunConfig, policy, critic, mesh=None) -> Learner:
     """The RL Learner of a run: Adam for actor and critic, the configured losses and weights."""
     rl = config.rl
     actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
@@ -114,6 +113,7 @@ def rl_learner(config: RunConfig, policy, critic) -> Learner:
         temperature=rl.temperature,
         logits_chunk=config.model.logits_chunk,
         microbatch_size=rl.microbatch_size or None,
+        mesh=mesh,
     )
 
 
@@ -165,13 +165,14 @@ class Trainer:
         self.worker = worker_cls(
             self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
         )
-        self.learner = rl_learner(cfg, self.policy, self.critic)
+        self.learner = rl_learner(cfg, self.policy, self.critic, self.mesh)
         self.rl_update = RLUpdate(cfg, self.learner, self.tokenizer.pad_token_id)
         self.budget = budget_lib.from_config(cfg.budget)
-        # Built again by run_sft once the number of SFT steps is known (the schedule's length);
-        # restoring needs only the optimizer state's structure, which does not depend on it.
-        self.sft_learner = self._sft_learner(total_steps=1)
+        # One phase's state at a time: the SFT state exists during SFT only, and the RL state
+        # (policy, critic and their moments) is created when SFT has let go of its own.
+        self.sft_learner: Learner | None = None
         self.sft_state = None
+        self.state = None
         self.checkpointer = Checkpointer(
             os.path.join(self.workdir, "checkpoints"),
             keep_last=cfg.checkpoint.keep_last,
@@ -182,7 +183,6 @@ class Trainer:
             os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
         )
         self.curriculum = Curriculum(cfg.curriculum)
-        self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
 
@@ -305,6 +305,7 @@ class Trainer:
             tx,
             logits_chunk=self.config.model.logits_chunk,
             microbatch_size=sft.microbatch_size or None,
+            mesh=self.mesh,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -333,14 +334,16 @@ class Trainer:
         if step is None:
             return False
         # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state
-        # and, after SFT, the frozen reference), so the abstract tree can be built first.
-        saved = self._read_meta(step)
+        # and, after SFT, the frozen reference), so the abstract tree can be built first: shapes
+        # and shardings only, each array then read straight into its layout. (The SFT
+        # optimizer's structure does not depend on the schedule's length.)
+        saved = self.checkpointer.read_meta(step)
         if saved["phase"] == "sft":
-            template = {"train": self.sft_learner.init(self.policy, mesh=self.mesh)}
+            template = {"train": self._sft_learner(total_steps=1).abstract_state(self.policy)}
         else:
-            template = {"train": self.state}
+            template = {"train": self.learner.abstract_state(self.policy, self.critic)}
             if saved.get("has_ref"):
-                template["ref"] = self.state.policy
+                template["ref"] = template["train"].policy
         state, meta = self.checkpointer.restore(step, template)
         if saved["phase"] == "sft":
             self.sft_state = state["train"]
@@ -352,11 +355,6 @@ class Trainer:
         self.meta = meta
         logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
         return True
-
-    def _read_meta(self, step: int) -> dict[str, Any]:
-        path = os.path.join(self.checkpointer.directory, str(step), "meta", "metadata")
-        with open(path) as f:
-            return json.load(f)
 
     # ------------------------------------------------------------------ phases
 
@@ -422,7 +420,7 @@ class Trainer:
             total = dataset.batches_per_epoch * cfg.sft.epochs
             self.sft_learner = self._sft_learner(total)
             if self.sft_state is None:
-                self.sft_state = self.sft_learner.init(self.policy, mesh=self.mesh)
+                self.sft_state = self.sft_learner.init(self.policy)
             iterator = dataset.iterator(self.meta.get("sft_iterator"))
             from tqdm.auto import tqdm
 
@@ -444,8 +442,9 @@ class Trainer:
             if self.critic is not None:
                 # The critic's trunk starts from the SFT policy's.
                 self.critic = Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))
-            self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
-        self.sft_state = None
+        # The SFT moments go before the RL state (policy, critic, their moments) is made.
+        self.sft_state = self.sft_learner = None
+        self.state = self.learner.init(self.policy, self.critic)
         metrics = self.evaluate("after_sft")
         self.writer.scalars(metrics, 0)
         self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
@@ -533,7 +532,7 @@ class Trainer:
 
     def _sync_sampler(self) -> None:
         """Gives the sampler the current policy (multi-host: a copy on this process's devices)."""
-        policy = self.state.policy
+        policy = (self.state if self.sft_state is None else self.sft_state).policy
         if self.multihost:
             policy = multihost.local_replica(policy, self.mesh, self.local_mesh)
         self.sampler.set_state(policy)
