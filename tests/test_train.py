@@ -123,7 +123,7 @@ def test_rl_task_pool_unseen_leaves_out_every_demonstration_game():
     tasks = [Task(env="textworld", split="train", id=f"g/{i}") for i in range(7)]
     cfg = from_config_dict(
         _config(
-            rl=dict(task_pool="unseen"),
+            rl=dict(task_pool="unseen", tasks_per_iteration=2, minibatch_size=8),
             env=dict(num_train_tasks=7),
             budget=dict(total=60, sft_fraction=0.5),  # 3 demonstrations
         ),
