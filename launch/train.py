@@ -30,8 +30,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli
-from agentrl_jax.training import workdir_config
+from agentrl_jax.training import cli, workdir_config
 from agentrl_jax.training.checkpoint import CheckpointWriteError
 from agentrl_jax.training.config import ConfigError, from_config_dict
 

@@ -18,7 +18,7 @@ from agentrl_jax.training.rollout import RolloutConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-from configs import tiny_textworld  # noqa: E402
+from train_cli import tiny_config as _config  # noqa: E402
 
 # Every shipped config's resolved RunConfig, computed at commit 33bdb58 (before the defaults were
 # merged into the dataclasses).
@@ -79,7 +79,7 @@ def test_defaults_have_one_source():
             value = cd[name][key]
             value = tuple(sorted(value.items())) if hasattr(value, "items") else value
             assert value == getattr(instance, key), f"{name}.{key}"
-    assert cd.curriculum.window == config_lib.CurriculumConfig.__dataclass_fields__["window"].default
+    assert cd.curriculum.window == config_lib.CurriculumConfig(stages=((("a", 1.0),),)).window
     full = from_config_dict(base_config())
     assert from_config_dict(ml_collections.ConfigDict()) == full
     assert from_config_dict(ml_collections.ConfigDict({"rl": {"algo": "grpo"}})) == full
@@ -87,17 +87,6 @@ def test_defaults_have_one_source():
     assert (full.rl.epochs, full.sft.learning_rate, full.checkpoint.every) == (1, 2e-3, 5)
     assert (full.rollout.group_size, full.model.tokenizer_vocab) == (4, 1024)
     assert RolloutConfig() == full.rollout
-
-
-def _config(**sections):
-    cfg = tiny_textworld.get_config()
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            for k, v in values.items():
-                cfg[section][k] = v
-        else:
-            cfg[section] = values
-    return cfg
 
 
 @pytest.mark.parametrize(
@@ -169,7 +158,9 @@ def test_kl_reward_is_fine_with_an_estimator_that_takes_it():
 
 
 def test_sft_only_budget_needs_no_rl_iteration():
-    run = from_config_dict(_config(budget=dict(total=4000, sft_fraction=1.0), rl=dict(task_pool="all")))
+    run = from_config_dict(
+        _config(budget=dict(total=4000, sft_fraction=1.0), rl=dict(task_pool="all"))
+    )
     assert run.budget.sft_fraction == 1.0
 
 
@@ -181,7 +172,9 @@ def test_a_registered_estimator_declares_what_it_needs_and_gets_the_checks():
     kernels.register_advantage_estimator("plain_test", lambda *a, **k: None)
     try:
         with pytest.raises(ConfigError, match="'critic_test' uses a critic over the whole"):
-            from_config_dict(_config(rl=dict(algo="critic_test"), rollout=dict(context_mode="step")))
+            from_config_dict(
+                _config(rl=dict(algo="critic_test"), rollout=dict(context_mode="step"))
+            )
         with pytest.raises(ConfigError, match="'critic_test' compares rollouts within a group"):
             from_config_dict(_config(rl=dict(algo="critic_test"), rollout=dict(group_size=1)))
         rl = dict(algo="critic_test", kl_mode="reward", kl_coef=0.1)

@@ -23,19 +23,9 @@ from agentrl_jax.training.trainer import Trainer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import train_cli  # noqa: E402
+from train_cli import tiny_config as _config  # noqa: E402
 
 from configs import tiny_textworld  # noqa: E402
-
-
-def _config(**sections):
-    cfg = tiny_textworld.get_config()
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            for k, v in values.items():
-                cfg[section][k] = v
-        else:
-            cfg[section] = values
-    return cfg
 
 
 @pytest.mark.parametrize(

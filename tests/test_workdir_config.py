@@ -90,7 +90,7 @@ def test_free_fields_may_change_and_are_recorded(tmp_path):
 
 def test_unreadable_saved_config_is_an_error_naming_it(tmp_path):
     (tmp_path / "config.json").write_text("{not json")
-    with pytest.raises(ConfigError, match=rf"^cannot compare with the run's saved config "):
+    with pytest.raises(ConfigError, match=r"^cannot compare with the run's saved config "):
         _check(tmp_path, _cd())
     assert _saved(tmp_path) == "{not json"
     _check(tmp_path, _cd(), allow_change=True)

@@ -549,7 +549,9 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     if unknown:
         raise ConfigError(f"config: unknown key(s) {unknown}; valid keys: {keys}")
     top = _defaults(RunConfig)
-    sections = {name: _section(cls, cd.get(name), f"config.{name}") for name, cls in SECTIONS.items()}
+    sections = {
+        name: _section(cls, cd.get(name), f"config.{name}") for name, cls in SECTIONS.items()
+    }
     cur = dict(cd.get("curriculum") or {})
     try:
         stages = cur.get("stages") or [[(level, 1.0) for level in sections["env"].train_levels]]

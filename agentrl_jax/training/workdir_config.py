@@ -42,7 +42,7 @@ FREE_FIELDS = (
 
 
 def flat_fields(run: RunConfig) -> dict[str, Any]:
-    """Every leaf of ``run`` by its dotted config path (``rl.actor_lr``, ``env.kwargs.max_steps``)."""
+    """Every leaf of ``run`` by its dotted path (``rl.actor_lr``, ``env.kwargs.max_steps``)."""
     out: dict[str, Any] = {}
 
     def walk(obj, prefix: str) -> None:
@@ -142,7 +142,7 @@ def check_and_record(
         return changes
     if existed:
         record = {
-            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             "changes": {k: [a, b] for k, (a, b) in changes.items()},
             "allowed_by_flag": bool(binding) or saved is None,
             "saved_was_unreadable": saved is None,
