@@ -43,19 +43,21 @@ def _choice(path: str, value: Any, choices) -> None:
         raise ConfigError(f"{path} is {value!r}; valid choices: {sorted(choices)}")
 
 
+def _number(path: str, value: Any, ok, expected: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ConfigError(f"{path} is {value!r}; expected {expected}")
+
+
 def _positive(path: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"{path} is {value!r}; expected > 0")
+    _number(path, value, lambda v: v > 0, "> 0")
 
 
 def _non_negative(path: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"{path} is {value!r}; expected >= 0")
+    _number(path, value, lambda v: v >= 0, ">= 0")
 
 
 def _fraction(path: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{path} is {value!r}; expected in [0, 1]")
+    _number(path, value, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
 
 
 def _integer(path: str, value: Any, low: int) -> None:
@@ -244,14 +246,14 @@ class RLSection:
         _microbatch("rl", self.microbatch_size, "minibatch_size", self.minibatch_size)
         for name in ("kl_coef", "entropy_coef", "value_coef"):
             _non_negative(f"config.rl.{name}", getattr(self, name))
-        if not self.temperature > 0:
-            raise ConfigError(
-                f"config.rl.temperature is {self.temperature!r}; expected > 0: RL samples its "
-                "rollouts and the learner divides the logits by the temperature (greedy "
-                "decoding is for evaluation)"
-            )
-        if not 0.0 < self.top_p <= 1.0:
-            raise ConfigError(f"config.rl.top_p is {self.top_p!r}; expected in (0, 1]")
+        _number(
+            "config.rl.temperature",
+            self.temperature,
+            lambda v: v > 0,
+            "> 0: RL samples its rollouts and the learner divides the logits by the temperature "
+            "(greedy decoding is for evaluation)",
+        )
+        _number("config.rl.top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         _integer("config.rl.top_k", self.top_k, 0)
         spec = kernels.get_advantage_spec(self.algo)
         if self.ratio_level not in ("auto", *kernels.RATIO_LEVELS):
