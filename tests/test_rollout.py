@@ -1,5 +1,7 @@
 """Rollouts are token-in, token-out: the batch holds exactly the ids the model read and sampled."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -104,6 +106,29 @@ def _rollout(
     worker = RolloutWorker(ScriptedPool(lengths), sampler, tok, template, cfg)
     tasks = [Task("scripted", "train", "a"), Task("scripted", "train", "b")]
     return worker.run(tasks, jax.random.key(0), sampling=sampling), worker
+
+
+def test_an_admissible_command_that_does_not_fit_max_new_tokens_is_an_error(setup):
+    """Constrained decoding never cuts a command: the rollout stops naming it and its length."""
+    tok, policy, template, sampler = setup
+    lengths = {
+        c: len(tok.encode(c, add_special_tokens=False)) + 1  # with the stop token
+        for c in ScriptedPool([1])._obs_commands()
+    }
+    longest = max(lengths, key=lengths.get)
+    n = lengths[longest]
+    fits = RolloutConfig(group_size=1, max_turns=1, max_new_tokens=n, constrain_actions=True)
+    worker = RolloutWorker(ScriptedPool([1]), sampler, tok, template, fits)
+    (traj,) = worker.run([Task("scripted", "train", "a")], jax.random.key(0))
+    assert traj.steps[0].action_ids
+    short = dataclasses.replace(fits, max_new_tokens=n - 1)
+    worker = RolloutWorker(ScriptedPool([1]), sampler, tok, template, short)
+    with pytest.raises(
+        ValueError,
+        match=rf"admissible command {longest!r} is {n} tokens with its stop token; "
+        rf"config.rollout.max_new_tokens={n - 1} cannot write it whole",
+    ):
+        worker.run([Task("scripted", "train", "a")], jax.random.key(0))
 
 
 def test_episode_rows_hold_exactly_what_the_model_read_and_sampled(setup):

@@ -23,19 +23,9 @@ from agentrl_jax.training.trainer import Trainer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import train_cli  # noqa: E402
+from train_cli import tiny_config as _config  # noqa: E402
 
 from configs import tiny_textworld  # noqa: E402
-
-
-def _config(**sections):
-    cfg = tiny_textworld.get_config()
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            for k, v in values.items():
-                cfg[section][k] = v
-        else:
-            cfg[section] = values
-    return cfg
 
 
 @pytest.mark.parametrize(
@@ -123,7 +113,7 @@ def test_rl_task_pool_unseen_leaves_out_every_demonstration_game():
     tasks = [Task(env="textworld", split="train", id=f"g/{i}") for i in range(7)]
     cfg = from_config_dict(
         _config(
-            rl=dict(task_pool="unseen"),
+            rl=dict(task_pool="unseen", tasks_per_iteration=2, minibatch_size=8),
             env=dict(num_train_tasks=7),
             budget=dict(total=60, sft_fraction=0.5),  # 3 demonstrations
         ),

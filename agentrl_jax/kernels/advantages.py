@@ -326,7 +326,7 @@ def _gae_impl(batch: Batch, values, kl, config: AdvantageConfig) -> Advantages:
 _gae_jit = _counted_jit("gae", _gae_impl)
 
 
-@register_advantage_estimator("gae", needs_values=True)
+@register_advantage_estimator("gae", needs_values=True, kl_reward=True)
 def gae(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """Token-level GAE with a critic (PPO); see :func:`token_gae`. Needs ``values`` [B, T]."""
     if values is None:
@@ -348,7 +348,7 @@ def _reinforce_pp_impl(batch: Batch, kl, config: AdvantageConfig) -> Advantages:
 _reinforce_pp_jit = _counted_jit("reinforce_pp", _reinforce_pp_impl)
 
 
-@register_advantage_estimator("reinforce_pp")
+@register_advantage_estimator("reinforce_pp", kl_reward=True)
 def reinforce_pp(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """REINFORCE++: token returns (with an optional KL reward penalty) whitened over the batch.
 

@@ -47,13 +47,15 @@ class RolloutConfig:
       observation's admissible commands (closed with the stop token). Every draw is from the
       policy masked to the tokens that continue an admissible command; the allowed ids are
       stored with the action so the learner normalises over the same set. Observations without
-      admissible commands leave the turn unconstrained.
+      admissible commands leave the turn unconstrained; an env that never lists any is a config
+      error, and an admissible command that does not fit ``max_new_tokens`` with its stop token
+      stops the rollout with an error naming it and its length (it is never cut).
     """
 
-    group_size: int = 1
-    max_turns: int = 10
-    max_new_tokens: int = 16
-    max_seq_len: int = 1024
+    group_size: int = 4
+    max_turns: int = 12
+    max_new_tokens: int = 12
+    max_seq_len: int = 1536
     context_mode: str = "episode"
     history_turns: int = 2
     system_prompt: str = "You are playing a text game. Reply with one command."
@@ -68,6 +70,13 @@ class RolloutConfig:
         for name in ("group_size", "max_turns", "max_new_tokens", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} is {getattr(self, name)}; expected >= 1")
+        if self.history_turns < 0:
+            raise ValueError(f"rollout.history_turns is {self.history_turns}; expected >= 0")
+        if self.max_new_tokens >= self.max_seq_len:
+            raise ValueError(
+                f"rollout.max_new_tokens={self.max_new_tokens} leaves no room for a prompt in "
+                f"rollout.max_seq_len={self.max_seq_len}; expected max_new_tokens < max_seq_len"
+            )
 
 
 def render_observation(
@@ -324,10 +333,18 @@ class RolloutWorker:
         if not self.config.constrain_actions or not obs.admissible_commands:
             return None
         stop = self.template.stop_id(self.tokenizer)
-        return [
-            self.tokenizer.encode(c, add_special_tokens=False) + [stop]
-            for c in obs.admissible_commands
-        ]
+        choices = []
+        for command in obs.admissible_commands:
+            ids = self.tokenizer.encode(command, add_special_tokens=False) + [stop]
+            if len(ids) > self.config.max_new_tokens:
+                # Never cut: a cut command is a different command (or none) to the env.
+                raise ValueError(
+                    f"admissible command {command!r} is {len(ids)} tokens with its stop token; "
+                    f"config.rollout.max_new_tokens={self.config.max_new_tokens} cannot write it "
+                    f"whole under constrained decoding: raise max_new_tokens to >= {len(ids)}"
+                )
+            choices.append(ids)
+        return choices
 
     def _expert_ids(self, info) -> list[int]:
         action = info.get("expert_action")
