@@ -16,6 +16,10 @@ Layout (B trajectories, T tokens, S environment steps; all padded to a shape buc
                                they are in the same rollout group AND have the same raw state key.
                                Dense in [0, B*S); 0 on padded steps. None when the batch has no
                                state keys (gigpo and gagpo then refuse it).
+    bootstrap_values [B] float32  V of the state after each row's last action where the episode
+                               was cut by a step or length limit (truncated), 0 where it ended in
+                               a terminal state. Only gae reads it (see ``token_gae``). None: every
+                               row ended in a terminal state.
 
 A row with no real step (``step_mask[b, 0] == 0``) is padding and contributes nothing.
 
@@ -49,6 +53,7 @@ class Batch:
     step_mask: jax.Array  # [B, S] float32, prefix of ones
     group_ids: jax.Array  # [B] int32, dense in [0, B)
     state_ids: jax.Array | None = None  # [B, S] int32, dense in [0, B*S)
+    bootstrap_values: jax.Array | None = None  # [B] float32, 0 on terminal rows
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -165,6 +170,7 @@ def make_batch(
     step_mask: Any,
     group_ids: Any,
     state_keys: Any = None,
+    bootstrap_values: Any = None,
 ) -> Batch:
     """Validates host arrays and builds a :class:`Batch` (dense ids, float32 / int32 arrays).
 
@@ -175,6 +181,8 @@ def make_batch(
       step_mask: [B, S] 0/1, a prefix of ones per row.
       group_ids: [B] rollout-group ids (any integers or strings).
       state_keys: optional [B, S] raw keys of the state each step acted from (int64 or str).
+      bootstrap_values: optional [B] finite floats, V of the state after each row's last action
+        for truncated rows, 0 for rows that ended in a terminal state.
 
     Returns:
       The batch, ready for any estimator.
@@ -208,6 +216,20 @@ def make_batch(
         state_keys = _as_2d(
             "state_keys", state_keys, rewards.shape, "[B, S] (the shape of rewards)"
         )
+    if bootstrap_values is not None:
+        bootstrap_values = np.asarray(bootstrap_values)
+        if bootstrap_values.shape != (loss_mask.shape[0],):
+            _fail(
+                "bootstrap_values",
+                f"of shape {bootstrap_values.shape}",
+                f"({loss_mask.shape[0]},), one per row",
+            )
+        if not np.issubdtype(bootstrap_values.dtype, np.number):
+            _fail("bootstrap_values", f"of dtype {bootstrap_values.dtype}", "a float array")
+        finite = np.isfinite(bootstrap_values)
+        if not finite.all():
+            i = int(np.argmax(~finite))
+            _fail("bootstrap_values", f"{bootstrap_values[i]} at index {i}", "finite values")
     validate_steps(loss_mask, step_ids, step_mask)
     dense_groups, state_ids = remap_ids(group_ids, state_keys, step_mask)
     return Batch(
@@ -217,6 +239,9 @@ def make_batch(
         step_mask=jnp.asarray(step_mask, jnp.float32),
         group_ids=jnp.asarray(dense_groups),
         state_ids=None if state_ids is None else jnp.asarray(state_ids),
+        bootstrap_values=(
+            None if bootstrap_values is None else jnp.asarray(bootstrap_values, jnp.float32)
+        ),
     )
 
 
