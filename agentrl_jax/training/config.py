@@ -128,7 +128,7 @@ class EnvrlSection:
     enabled: bool = False
     sp_weight: float = 0.1
     id_weight: float = 0.1
-    horizon: int = 100
+    horizon: int = 0  # RL updates of the weights' cosine decay; 0: the whole RL phase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -301,6 +301,10 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     envrl = _section(EnvrlSection, cd.get("envrl"), "config.envrl")
     ckpt = _section(CheckpointSection, cd.get("checkpoint"), "config.checkpoint")
 
+    if not (isinstance(envrl.horizon, int) and envrl.horizon >= 0):
+        raise ConfigError(
+            f"config.envrl.horizon is {envrl.horizon!r}; expected an int >= 0 (0: the RL phase)"
+        )
     _choice("config.rl.algo", rl.algo, kernels.advantage_estimators())
     _choice("config.rl.loss", rl.loss, kernels.policy_losses())
     _choice("config.rl.kl_mode", rl.kl_mode, KL_MODES)

@@ -91,6 +91,7 @@ def base_config() -> ml_collections.ConfigDict:
         top_k=0,
         task_pool="all",  # or "unseen": only train games no SFT demonstration used
     )
-    c.envrl = dict(enabled=False, sp_weight=0.1, id_weight=0.1, horizon=100)
+    # horizon: RL updates over which the ENVRL weights decay to 0; 0: the whole RL phase.
+    c.envrl = dict(enabled=False, sp_weight=0.1, id_weight=0.1, horizon=0)
     c.checkpoint = dict(keep_last=2, keep_best=1, every=5)
     return c

@@ -43,7 +43,7 @@ from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training import multihost, rl_batch, sft_data
+from agentrl_jax.training import envrl_data, multihost, rl_batch, sft_data
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
 from agentrl_jax.training.config import RunConfig
@@ -133,8 +133,8 @@ class Trainer:
         self.worker = worker_cls(
             self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
         )
-        self.learner = self._learner()
         self.budget = budget_lib.from_config(cfg.budget)
+        self.learner = self._learner()
         # Built again by run_sft once the number of SFT steps is known (the schedule's length);
         # restoring needs only the optimizer state's structure, which does not depend on it.
         self.sft_learner = self._sft_learner(total_steps=1)
@@ -153,6 +153,7 @@ class Trainer:
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
         self._aux: dict[str, Any] = {}
+        self._aux_schedule = lambda updates: updates  # see _envrl_schedule
 
     # ------------------------------------------------------------------ setup
 
@@ -287,7 +288,7 @@ class Trainer:
             envrl = kernels.EnvrlConfig(
                 sp_weight=cfg.envrl.sp_weight,
                 id_weight=cfg.envrl.id_weight,
-                horizon=cfg.envrl.horizon,
+                horizon=cfg.envrl.horizon or self._envrl_default_horizon(),
             )
         return Learner(
             self.policy,
@@ -552,7 +553,11 @@ class Trainer:
         cfg, rl = self.config, self.config.rl
         mb = rl.minibatch_size
         rows_ = rl_batch.build_rows(
-            trajs, cfg.rollout.context_mode, self.tokenizer.pad_token_id, mb
+            trajs,
+            cfg.rollout.context_mode,
+            self.tokenizer.pad_token_id,
+            mb,
+            bootstrap=self.critic is not None,  # truncated episodes: the state after them
         )
         rows = rows_.rows
         batch = {
@@ -587,24 +592,48 @@ class Trainer:
         extra["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
         if self.learner.envrl is not None:
             self._aux = self._envrl_examples(trajs, rows.tokens.shape[1])
+            self._aux_schedule = self._envrl_schedule(it, rows.tokens.shape[0])
         return batch, extra
 
     def _envrl_examples(self, trajs: list[Trajectory], max_len: int) -> dict[str, Any]:
-        """ENVRL state-prediction and inverse-dynamics examples of this iteration's episodes.
+        """ENVRL state-prediction and inverse-dynamics examples of this iteration's episodes:
+        s_t what the agent saw (goal kept), a_t its sampled ids, s_{t+1} the next observation
+        alone, the final transition included (``training/envrl_data.py``)."""
+        mode = self.config.rollout.context_mode
+        return envrl_data.examples(trajs, mode, self.tokenizer, self.template, max_len=max_len)
 
-        States are the observation ids each step's action was taken from, actions the sampled ids
-        (both exactly as the model read and wrote them).
+    def _updates_per_iteration(self, num_rows: int) -> int:
+        """RL updates one iteration of ``num_rows`` rows makes (whole minibatches, each epoch)."""
+        rl = self.config.rl
+        return rl.epochs * (num_rows // rl.minibatch_size)
+
+    def _envrl_default_horizon(self) -> int:
+        """envrl.horizon unset: the RL phase's updates, iterations x updates per iteration (one
+        row per episode; in step-wise mode a row is a step, see ``_envrl_schedule``)."""
+        rl = self.config.rl
+        episodes = rl.tasks_per_iteration * self.config.rollout.group_size
+        rows = rl_batch.round_up(episodes, rl.minibatch_size)
+        return max(1, self.num_rl_iterations() * self._updates_per_iteration(rows))
+
+    def _envrl_schedule(self, it: int, num_rows: int):
+        """Maps the RL updates so far to the step k of the ENVRL weights' cosine, this iteration.
+
+        With ``envrl.horizon`` set, k is the updates themselves. Unset, k follows the RL phase's
+        progress, iteration ``it`` plus the fraction of its updates done, scaled so the weights
+        reach 0 at the last update: the number of updates per iteration is known only in
+        whole-episode mode (one row per episode; there k equals the updates so far), while a
+        step-wise iteration has one row per step played.
         """
-        pairs = [([s.prompt_ids for s in t.steps], [s.action_ids for s in t.steps]) for t in trajs]
-        pad = self.tokenizer.pad_token_id
-        return {
-            "sp": kernels.build_state_prediction(pairs, max_len=max_len, pad_id=pad),
-            "id": kernels.build_inverse_dynamics(pairs, max_len=max_len, pad_id=pad),
-        }
+        if self.config.envrl.horizon:
+            return lambda updates: updates
+        start, per = int(self.state.step), max(1, self._updates_per_iteration(num_rows))
+        scale = self.learner.envrl.horizon / max(1, self.num_rl_iterations())
+        return lambda updates: round((it + (updates - start) / per) * scale)
 
     def _aux_minibatch(self, np_rng, size: int, iteration: int) -> dict[str, jnp.ndarray]:
-        """A fixed-size random draw of auxiliary examples for one update (fixed shapes)."""
-        out = {"iteration": jnp.asarray(iteration, jnp.int32)}
+        """A fixed-size random draw of auxiliary examples for one update (fixed shapes);
+        ``iteration`` is the RL updates so far, mapped to the weights' schedule step."""
+        out = {"iteration": jnp.asarray(self._aux_schedule(iteration), jnp.int32)}
         for kind, ex in self._aux.items():
             n, length = ex.input_ids.shape
             if n:
