@@ -140,3 +140,18 @@ def test_episode_cut_by_the_env_step_limit_keeps_its_last_observation(textworld_
     sp_instruction = envrl_data.instruction_ids(tok, TEMPLATE, envrl_data.SP_INSTRUCTION)
     step = traj.steps[0]
     assert _split(ex["sp"], 0) == (step.prompt_ids + step.action_ids + sp_instruction, next_obs)
+
+
+def test_default_schedule_decays_over_the_rl_phase_however_many_updates_an_iteration_makes():
+    # Whole-episode mode: 4 iterations of 3 updates, horizon 12: k is the updates so far.
+    ks = [envrl_data.phase_schedule(it, 3 * it, 3, 12, 4)(3 * it + u) for it in range(4)
+          for u in range(3)]  # fmt: skip
+    assert ks == pytest.approx(list(range(12)), abs=1e-9)
+    # Step-wise: iterations make 5, 2 and 8 updates; k still ends the phase at the horizon.
+    start, ks = 0, []
+    for it, per in enumerate([5, 2, 8]):
+        schedule = envrl_data.phase_schedule(it, start, per, 30, 3)
+        ks += [schedule(start + u) for u in range(per)]
+        start += per
+    want = [2 * u for u in range(5)] + [10, 15] + [20 + 10 * u / 8 for u in range(8)]
+    assert ks == pytest.approx(want, abs=1e-9)

@@ -408,46 +408,32 @@ def test_gagpo_worked_example_from_docs():
     np.testing.assert_allclose(np.asarray(out.steps), want, rtol=0, atol=ATOL)
 
 
-def test_gae_hand_computed():
+@pytest.mark.parametrize(
+    "cut, want_adv, want_ret",
+    [
+        # token rewards [0, 0.5, 0, 1]; deltas: t3 = 1 - 4 = -3, t2 = 0 + 0.5*4 - 3 = -1,
+        # t1 = 0.5 + 0.5*3 - 2 = 0, t0 = 0 + 0.5*2 - 1 = 0.  A = delta + 0.25 A_next:
+        # A3 = -3, A2 = -1.75, A1 = -0.4375, A0 = -0.109375.
+        (None, [-0.109375, -0.4375, -1.75, -3.0], [0.890625, 1.5625, 1.25, 1.0]),
+        # Cut by a limit with V(next state) = 2: t3 = 1 + 0.5*2 - 4 = -2, the rest as before:
+        # A2 = -1 + 0.25*(-2) = -1.5, A1 = 0.25*(-1.5) = -0.375, A0 = 0.25*(-0.375) = -0.09375.
+        (2.0, [-0.09375, -0.375, -1.5, -2.0], [0.90625, 1.625, 1.5, 2.0]),
+    ],
+    ids=["terminal", "truncated"],
+)
+def test_gae_hand_computed(cut, want_adv, want_ret):
     """Two actions of two tokens; env tokens between them are skipped, not steps."""
     rows = [
         dict(
             group=0, keys=[0, 1], rewards=[0.5, 1.0], prompt_len=2, action_lens=[2, 2],
             obs_lens=[3, 0], values=[1.0, 2.0, 3.0, 4.0], kl=[0.0] * 4,
+            truncated=cut is not None, next_value=cut,
         )
     ]  # fmt: skip
     batch, values, _, positions = pack(rows, extra_rows=0, extra_tokens=2, extra_steps=0)
     out = K.gae(batch, K.AdvantageConfig(gamma=0.5, lam=0.5), values=values)
-    # token rewards [0, 0.5, 0, 1]; deltas: t3 = 1 - 4 = -3, t2 = 0 + 0.5*4 - 3 = -1,
-    # t1 = 0.5 + 0.5*3 - 2 = 0, t0 = 0 + 0.5*2 - 1 = 0.  A = delta + 0.25 A_next:
-    # A3 = -3, A2 = -1.75, A1 = -0.4375, A0 = -0.109375.
-    np.testing.assert_allclose(
-        np.asarray(out.tokens)[0, positions[0]], [-0.109375, -0.4375, -1.75, -3.0], atol=ATOL
-    )
-    np.testing.assert_allclose(
-        np.asarray(out.returns)[0, positions[0]], [0.890625, 1.5625, 1.25, 1.0], atol=ATOL
-    )
-
-
-def test_gae_truncated_hand_computed():
-    """The episode of test_gae_hand_computed cut by a limit: V(next state) = 2 after it."""
-    rows = [
-        dict(
-            group=0, keys=[0, 1], rewards=[0.5, 1.0], prompt_len=2, action_lens=[2, 2],
-            obs_lens=[3, 0], values=[1.0, 2.0, 3.0, 4.0], kl=[0.0] * 4, truncated=True,
-            next_value=2.0,
-        )
-    ]  # fmt: skip
-    batch, values, _, positions = pack(rows, extra_rows=0, extra_tokens=2, extra_steps=0)
-    out = K.gae(batch, K.AdvantageConfig(gamma=0.5, lam=0.5), values=values)
-    # t3 = 1 + 0.5*2 - 4 = -2 (was -3), the rest as before: A3 = -2, A2 = -1 + 0.25*(-2) = -1.5,
-    # A1 = 0 + 0.25*(-1.5) = -0.375, A0 = 0 + 0.25*(-0.375) = -0.09375.
-    np.testing.assert_allclose(
-        np.asarray(out.tokens)[0, positions[0]], [-0.09375, -0.375, -1.5, -2.0], atol=ATOL
-    )
-    np.testing.assert_allclose(
-        np.asarray(out.returns)[0, positions[0]], [0.90625, 1.625, 1.5, 2.0], atol=ATOL
-    )
+    np.testing.assert_allclose(np.asarray(out.tokens)[0, positions[0]], want_adv, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(out.returns)[0, positions[0]], want_ret, atol=ATOL)
 
 
 def test_grpo_rloo_hand_computed():

@@ -82,6 +82,15 @@ def _check_01(name: str, arr: np.ndarray) -> None:
         _fail(name, f"{arr[idx].item()!r} at index {idx}", "only 0 and 1")
 
 
+def _check_finite(name: str, arr: np.ndarray) -> None:
+    if not np.issubdtype(arr.dtype, np.number):
+        _fail(name, f"of dtype {arr.dtype}", "a float array")
+    finite = np.isfinite(arr)
+    if not finite.all():
+        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+        _fail(name, f"{arr[idx]} at index {idx}", "finite values (no NaN or inf)")
+
+
 def _check_integer(name: str, arr: np.ndarray) -> None:
     if not np.issubdtype(arr.dtype, np.integer):
         _fail(name, f"of dtype {arr.dtype}", "an integer array")
@@ -201,12 +210,7 @@ def make_batch(
             f"of shape {rewards.shape}",
             f"[B, S] with B = {loss_mask.shape[0]} (the rows of loss_mask)",
         )
-    if not np.issubdtype(rewards.dtype, np.number):
-        _fail("rewards", f"of dtype {rewards.dtype}", "a float array")
-    finite = np.isfinite(rewards)
-    if not finite.all():
-        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
-        _fail("rewards", f"{rewards[idx]} at index {idx}", "finite values (no NaN or inf)")
+    _check_finite("rewards", rewards)
     step_mask = _as_2d("step_mask", step_mask, rewards.shape, "[B, S] (the shape of rewards)")
     _check_01("step_mask", step_mask)
     group_ids = np.asarray(group_ids)
@@ -224,12 +228,7 @@ def make_batch(
                 f"of shape {bootstrap_values.shape}",
                 f"({loss_mask.shape[0]},), one per row",
             )
-        if not np.issubdtype(bootstrap_values.dtype, np.number):
-            _fail("bootstrap_values", f"of dtype {bootstrap_values.dtype}", "a float array")
-        finite = np.isfinite(bootstrap_values)
-        if not finite.all():
-            i = int(np.argmax(~finite))
-            _fail("bootstrap_values", f"{bootstrap_values[i]} at index {i}", "finite values")
+        _check_finite("bootstrap_values", bootstrap_values)
     validate_steps(loss_mask, step_ids, step_mask)
     dense_groups, state_ids = remap_ids(group_ids, state_keys, step_mask)
     return Batch(

@@ -53,6 +53,21 @@ def transitions(traj: Trajectory, mode: str, max_len: int | None = None) -> list
     return out
 
 
+def phase_schedule(it: int, start: int, per_iteration: int, horizon: int, iterations: int):
+    """The ENVRL weights' schedule step k of an update, from the RL phase's progress.
+
+    Iteration ``it`` (of ``iterations``) makes ``per_iteration`` updates, the first when the
+    learner had made ``start``; k = (it + fraction of its updates done) * horizon / iterations,
+    so the weights reach 0 at the end of the phase however many updates each iteration makes.
+
+    Returns:
+      A function: RL updates so far -> k (a float: the cosine is smooth between updates).
+    """
+    scale = horizon / max(1, iterations)
+    per = max(1, per_iteration)
+    return lambda updates: (it + (updates - start) / per) * scale
+
+
 def instruction_ids(tokenizer, template: ChatTemplate, text: str) -> list[int]:
     """An instruction as a turn of the conversation (encoded like an observation)."""
     return template.turn_ids(tokenizer, text, first=False)

@@ -42,8 +42,8 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training import envrl_data, multihost, rl_batch, sft_data
+from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
 from agentrl_jax.training.config import RunConfig
@@ -626,14 +626,18 @@ class Trainer:
         """
         if self.config.envrl.horizon:
             return lambda updates: updates
-        start, per = int(self.state.step), max(1, self._updates_per_iteration(num_rows))
-        scale = self.learner.envrl.horizon / max(1, self.num_rl_iterations())
-        return lambda updates: round((it + (updates - start) / per) * scale)
+        return envrl_data.phase_schedule(
+            it,
+            int(self.state.step),
+            self._updates_per_iteration(num_rows),
+            self.learner.envrl.horizon,
+            self.num_rl_iterations(),
+        )
 
     def _aux_minibatch(self, np_rng, size: int, iteration: int) -> dict[str, jnp.ndarray]:
         """A fixed-size random draw of auxiliary examples for one update (fixed shapes);
         ``iteration`` is the RL updates so far, mapped to the weights' schedule step."""
-        out = {"iteration": jnp.asarray(self._aux_schedule(iteration), jnp.int32)}
+        out = {"iteration": jnp.asarray(self._aux_schedule(iteration), jnp.float32)}
         for kind, ex in self._aux.items():
             n, length = ex.input_ids.shape
             if n:
