@@ -24,8 +24,12 @@ from train_cli import tiny_config as _config  # noqa: E402
 # merged into the dataclasses).
 SNAPSHOT = os.path.join(REPO, "tests", "data", "resolved_configs.json")
 # Changes to a shipped config's resolved values made on purpose since the snapshot:
-# {"configs/x.py[:arg]": {"section.field": new_value}}. None so far.
-INTENDED_CHANGES: dict[str, dict[str, object]] = {}
+# {"configs/x.py[:arg]": {"section.field": new_value}}. ENVRL's horizon: 0 (the whole RL phase)
+# replaced 100 updates as the default.
+with open(SNAPSHOT) as _f:
+    INTENDED_CHANGES: dict[str, dict[str, object]] = {
+        spec: {"envrl.horizon": 0} for spec in json.load(_f)
+    }
 
 
 def _flat(tree, prefix=""):
@@ -126,7 +130,7 @@ def test_defaults_have_one_source():
         (dict(env=dict(eval_levels=())), r"^config.env.eval_levels is empty"),
         (dict(model=dict(tokenizer_vocab=100)), r"^config.model.tokenizer_vocab is 100; .* >= 259"),
         (dict(sft=dict(epochs=0)), r"^config.sft.epochs is 0; expected an int >= 1"),
-        (dict(envrl=dict(horizon=0)), r"^config.envrl.horizon is 0"),
+        (dict(envrl=dict(horizon=-1)), r"^config.envrl.horizon is -1; expected an int >= 0"),
         (dict(eval_every=-1), r"^config.eval_every is -1; expected an int >= 0"),
         (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three positive sizes"),
         (

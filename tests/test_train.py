@@ -50,6 +50,7 @@ from configs import tiny_textworld  # noqa: E402
         (dict(rl=dict(kl_estimator="k4")), r"config.rl: LossConfig.kl_estimator is 'k4'"),
         (dict(rl=dict(kl_clamp=-1.0)), r"config.rl: LossConfig.kl_clamp is -1.0; expected None"),
         (dict(rl=dict(value_clip=0.0)), r"config.rl: LossConfig.value_clip is 0.0; expected None"),
+        (dict(envrl=dict(horizon=-5)), r"config.envrl.horizon is -5; expected an int >= 0"),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):

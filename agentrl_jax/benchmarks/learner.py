@@ -99,7 +99,7 @@ def run(quick: bool) -> Report:
 
     def ours():
         state["ours"], state["metrics"] = update(
-            state["ours"], ref_policy, trajs, np.random.default_rng(0)
+            state["ours"], ref_policy, trajs, np.random.default_rng(0), 0
         )
         jax.block_until_ready(state["ours"])
 

@@ -292,12 +292,12 @@ class EnvrlSection:
     enabled: bool = False
     sp_weight: float = 0.1
     id_weight: float = 0.1
-    horizon: int = 100
+    horizon: int = 0  # RL updates of the weights' cosine decay; 0: the whole RL phase
 
     def __post_init__(self):
         _non_negative("config.envrl.sp_weight", self.sp_weight)
         _non_negative("config.envrl.id_weight", self.id_weight)
-        _integer("config.envrl.horizon", self.horizon, 1)
+        _integer("config.envrl.horizon", self.horizon, 0)
 
 
 @dataclasses.dataclass(frozen=True)

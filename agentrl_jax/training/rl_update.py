@@ -13,13 +13,14 @@ on host-sliced minibatches it replaces, without a host round trip per minibatch.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
 
 from agentrl_jax import kernels
-from agentrl_jax.training import multihost, rl_batch
+from agentrl_jax.training import envrl_data, multihost, rl_batch
 from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.learner import Learner, TrainState
 from agentrl_jax.training.trajectory import Trajectory
@@ -32,19 +33,33 @@ class RLUpdate:
       config: the run's config (``rl``, ``rollout.context_mode``, the advantage config).
       learner: the Learner whose ``score`` and ``rl_update`` programs it runs.
       pad_id: the tokenizer's padding id.
+      envrl_examples: with ENVRL, ``(trajs, max_len=...) -> {"sp": ..., "id": ...}``
+        (``training/envrl_data.py:examples`` bound to the run's tokenizer and template).
     """
 
-    def __init__(self, config: RunConfig, learner: Learner, pad_id: int):
+    def __init__(
+        self,
+        config: RunConfig,
+        learner: Learner,
+        pad_id: int,
+        envrl_examples: Callable[..., dict[str, Any]] | None = None,
+    ):
+        if learner.envrl is not None and envrl_examples is None:
+            raise ValueError("RLUpdate: the learner has ENVRL losses; pass envrl_examples")
         self.config = config
         self.learner = learner
         self.pad_id = pad_id
+        self.envrl_examples = envrl_examples
 
     def __call__(
-        self, state: TrainState, ref_policy: Any, trajs: list[Trajectory], np_rng
+        self, state: TrainState, ref_policy: Any, trajs: list[Trajectory], np_rng, iteration: int
     ) -> tuple[TrainState, dict[str, float]]:
-        """Updates ``state`` (donated) on ``trajs``; returns the new state and the metrics."""
+        """Updates ``state`` (donated) on RL iteration ``iteration``'s ``trajs``.
+
+        Returns the new state and the metrics.
+        """
         batch, aux, metrics = self.batch(state, ref_policy, trajs)
-        state, update_metrics = self.update(state, batch, aux, np_rng)
+        state, update_metrics = self.update(state, batch, aux, np_rng, iteration)
         return state, {**metrics, **update_metrics}
 
     def batch(
@@ -57,7 +72,14 @@ class RLUpdate:
         advantages.
         """
         cfg, rl = self.config, self.config.rl
-        rows_ = rl_batch.build_rows(trajs, cfg.rollout.context_mode, self.pad_id, rl.minibatch_size)
+        critic = self.learner.value_graphdef is not None
+        rows_ = rl_batch.build_rows(
+            trajs,
+            cfg.rollout.context_mode,
+            self.pad_id,
+            rl.minibatch_size,
+            bootstrap=critic,  # truncated episodes' rows also hold the state after them
+        )
         rows = rows_.rows
         host = {
             "tokens": rows.tokens,
@@ -93,27 +115,39 @@ class RLUpdate:
         metrics["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
         aux = {}
         if self.learner.envrl is not None:
-            aux = self.envrl_examples(trajs, rows.tokens.shape[1])
+            aux = self.envrl_examples(trajs, max_len=rows.tokens.shape[1])
         return batch, aux, metrics
 
     def update(
-        self, state: TrainState, batch: dict[str, jax.Array], aux: dict[str, Any], np_rng
+        self,
+        state: TrainState,
+        batch: dict[str, jax.Array],
+        aux: dict[str, Any],
+        np_rng,
+        iteration: int,
     ) -> tuple[TrainState, dict[str, float]]:
         """``rl.epochs`` shuffles of whole minibatches over ``batch``: one program, one sync.
 
         Rows past the last whole minibatch of a shuffle are left out of that epoch.
+
+        ENVRL's weights decay over ``envrl_data.schedule_step``: the RL updates so far, or with
+        ``envrl.horizon`` unset the RL phase's progress (``iteration`` and the fraction done).
         """
         rl = self.config.rl
         size = rl.minibatch_size
         num_rows = batch["tokens"].shape[0]
-        first = int(state.step)  # RL updates so far: ENVRL's schedule step
+        num_updates = rl.epochs * (num_rows // size)
+        first = int(state.step)  # RL updates so far
         plan, per_update = [], []
         for _ in range(rl.epochs):
             order = np_rng.permutation(num_rows)
             for i in range(0, num_rows - size + 1, size):
-                plan.append(order[i : i + size])
                 if self.learner.envrl is not None:
-                    per_update.append(aux_minibatch(aux, np_rng, size, first + len(plan) - 1))
+                    step = envrl_data.schedule_step(
+                        self.config.envrl.horizon, iteration, first, len(plan), num_updates
+                    )
+                    per_update.append(aux_minibatch(aux, np_rng, size, step))
+                plan.append(order[i : i + size])
         if not plan:
             return state, {"train/skipped_nonfinite": 0.0, "train/updates": 0.0}
         stacked = jax.tree.map(lambda *xs: np.stack(xs), *per_update) if per_update else {}
@@ -142,9 +176,12 @@ class RLUpdate:
         }
 
 
-def aux_minibatch(aux: dict[str, Any], np_rng, size: int, iteration: int) -> dict[str, np.ndarray]:
-    """A fixed-size random draw of ENVRL examples for one step (fixed shapes), and its step."""
-    out = {"iteration": np.asarray(iteration, np.int32)}
+def aux_minibatch(aux: dict[str, Any], np_rng, size: int, step: float) -> dict[str, np.ndarray]:
+    """A fixed-size random draw of ENVRL examples for one update (fixed shapes).
+
+    ``step`` is the ENVRL weights' schedule step of that update (``batch["iteration"]``).
+    """
+    out = {"iteration": np.asarray(step, np.float32)}
     for kind, ex in aux.items():
         n, length = ex.input_ids.shape
         if n:

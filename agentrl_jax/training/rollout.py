@@ -4,6 +4,11 @@ Token-in, token-out. Each observation is rendered to text and encoded once, as i
 model (``ChatTemplate.turn_ids``); the actions are the sampler's own ids. The environment receives
 decoded text, but nothing trained on is ever re-encoded from decoded text.
 
+Each step keeps its newest observation's ids (``Step.obs_ids``) and each episode the observation
+after its last action (``Trajectory.final_obs_ids``). An episode is ``truncated`` when a limit
+cut it: the rollout's ``max_turns`` or context length (below), or the environment's own step
+limit (its step info says ``truncated``).
+
 Context modes:
 
 - ``episode``: one KV cache per episode kept across turns; each turn prefills only the new
@@ -212,7 +217,7 @@ class RolloutWorker:
             pending_ids.append(self._obs_ids(res.observation, first=True))
             choices[i] = self._choices(res.observation)
             if cfg.context_mode == "step":
-                headers[i] = self._header_ids(res.observation)
+                headers[i] = trajs[i].header_ids = self._header_ids(res.observation)
             trajs[i].steps.append(_empty_step(res.info))
 
         cache = None
@@ -233,6 +238,7 @@ class RolloutWorker:
                     if used[i] + len(ids) + cfg.max_new_tokens > cfg.max_seq_len:
                         trajs[i].truncated = True
                         trajs[i].steps.pop()  # the observation that did not fit gets no action
+                        trajs[i].final_obs_ids = pending_ids[i]
                         live[i] = False
                         feed.append([])
                         continue
@@ -279,6 +285,7 @@ class RolloutWorker:
                     continue
                 step = trajs[i].steps[-1]
                 step.prompt_ids = feed[i]
+                step.obs_ids = pending_ids[i]
                 step.action_ids = actions_ids[i]
                 step.action_logprobs = logprobs[i, : len(actions_ids[i])].tolist()
                 if allowed is not None:
@@ -299,11 +306,16 @@ class RolloutWorker:
                 step.reward = float(res.reward)
                 step.done = bool(res.done)
                 step.info = {**step.info, **_step_info(res.info)}
+                if res.observation is not None:
+                    pending_ids[i] = self._obs_ids(res.observation, first=False)
                 if res.done:
                     trajs[i].won = bool(res.info.get("won", False))
+                    # The environment's own step limit cuts the episode; it did not end it.
+                    trajs[i].truncated = bool(res.info.get("truncated", False))
+                    if res.observation is not None:
+                        trajs[i].final_obs_ids = pending_ids[i]
                     live[i] = False
                     continue
-                pending_ids[i] = self._obs_ids(res.observation, first=False)
                 choices[i] = self._choices(res.observation)
                 trajs[i].steps.append(_empty_step(res.info))
         for i, traj in enumerate(trajs):
@@ -311,6 +323,7 @@ class RolloutWorker:
             if live[i] and traj.steps and not traj.steps[-1].action_ids:
                 traj.steps.pop()
                 traj.truncated = True
+                traj.final_obs_ids = pending_ids[i]
         return trajs
 
     def _step_context(self, header, history, obs_ids, traj) -> list[int]:

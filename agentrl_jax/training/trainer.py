@@ -41,8 +41,8 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
+from agentrl_jax.training import envrl_data, multihost, sft_data
 from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training import multihost, sft_data
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
 from agentrl_jax.training.config import RunConfig
@@ -85,8 +85,12 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
-def rl_learner(config: RunConfig, policy, critic, mesh=None) -> Learner:
-    """The RL Learner of a run: Adam for actor and critic, the configured losses and weights."""
+def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
+    """The RL Learner of a run: Adam for actor and critic, the configured losses and weights.
+
+    ``num_iterations``: the run's RL iterations, the ENVRL weights' horizon when
+    ``envrl.horizon`` is 0 (the schedule then steps by RL-phase progress, see ``RLUpdate``).
+    """
     rl = config.rl
     actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
     critic_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr))
@@ -95,7 +99,7 @@ def rl_learner(config: RunConfig, policy, critic, mesh=None) -> Learner:
         envrl = kernels.EnvrlConfig(
             sp_weight=config.envrl.sp_weight,
             id_weight=config.envrl.id_weight,
-            horizon=config.envrl.horizon,
+            horizon=config.envrl.horizon or num_iterations,
         )
     return Learner(
         policy,
@@ -165,9 +169,21 @@ class Trainer:
         self.worker = worker_cls(
             self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
         )
-        self.learner = rl_learner(cfg, self.policy, self.critic, self.mesh)
-        self.rl_update = RLUpdate(cfg, self.learner, self.tokenizer.pad_token_id)
         self.budget = budget_lib.from_config(cfg.budget)
+        self.learner = rl_learner(
+            cfg, self.policy, self.critic, self.mesh, num_iterations=self.num_rl_iterations()
+        )
+        self.rl_update = RLUpdate(
+            cfg,
+            self.learner,
+            self.tokenizer.pad_token_id,
+            envrl_examples=functools.partial(
+                envrl_data.examples,
+                mode=cfg.rollout.context_mode,
+                tokenizer=self.tokenizer,
+                template=self.template,
+            ),
+        )
         # One phase's state at a time: the SFT state exists during SFT only, and the RL state
         # (policy, critic and their moments) is created when SFT has let go of its own.
         self.sft_learner: Learner | None = None
@@ -514,7 +530,7 @@ class Trainer:
             return metrics
 
         t1 = time.perf_counter()
-        self.state, update_metrics = self.rl_update(self.state, self.ref_policy, good, np_rng)
+        self.state, update_metrics = self.rl_update(self.state, self.ref_policy, good, np_rng, it)
         t_update = time.perf_counter() - t1
         self.curriculum.update([t.won for t in good])
         metrics.update(update_metrics)
