@@ -1,6 +1,7 @@
 r"""Benchmarks, measured side by side against a reference in the same run.
 
     python -m launch.bench sampler --out bench_sampler.json
+    python -m launch.bench learner --out bench_learner.json
     python -m launch.bench advantages --out bench_advantages.json
     python -m launch.bench envs --out bench_envs.json
     python -m launch.bench swe --out bench_swe.json
@@ -14,7 +15,7 @@ import importlib
 
 from absl import app, flags
 
-BENCHMARKS = ("sampler", "advantages", "envs", "swe", "sft_data")
+BENCHMARKS = ("sampler", "learner", "advantages", "envs", "swe", "sft_data")
 
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON report.")
 _QUICK = flags.DEFINE_bool("quick", False, "Shrink every workload (plumbing check only).")

@@ -64,10 +64,6 @@ def main(argv):
         if not trainer.restore():
             print(f"eval: no checkpoint under {workdir}/checkpoints", file=sys.stderr)
             sys.exit(2)
-        if trainer.meta["phase"] == "sft":
-            trainer.state = trainer.learner.init(
-                trainer.sft_learner.policy_module(trainer.sft_state)
-            )
         name = f"eval_{_SPLIT.value or 'heldout'}"
         metrics = trainer.evaluate(name)
     finally:

@@ -6,7 +6,12 @@ r"""Trains a policy: SFT on expert demonstrations, then RL, evaluating before an
 
 The whole configuration is validated before any compute (an unknown algorithm, ``gae`` without a
 critic, a mesh that does not divide the devices: a clear error listing the valid choices).
-Rerunning the same command with the same workdir resumes from the last checkpoint.
+Rerunning the same command with the same workdir resumes from the last checkpoint. A rerun whose
+config differs from the workdir's ``config.json`` in anything that changes the run stops with an
+error naming the fields (``--allow_config_change`` accepts the change on purpose and records it
+in ``config_changes.jsonl``; see ``training/workdir_config.py``). A checkpoint that cannot be
+written (disk full, read-only workdir) stops the run with an error naming its path; the previous
+checkpoint stays restorable.
 
 Multi-host: the same command on every host, one process each, with ``--coordinator_address``,
 ``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
@@ -18,13 +23,15 @@ every host sees (checkpoints are written there by all processes through orbax).
 
 import json
 import os
+import sys
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli
+from agentrl_jax.training import cli, workdir_config
+from agentrl_jax.training.checkpoint import CheckpointWriteError
 from agentrl_jax.training.config import ConfigError, from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
@@ -34,6 +41,12 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the run.")
+_ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
+    "allow_config_change",
+    False,
+    "Resume even though the config differs from the workdir's config.json in fields that change "
+    "the run (the change is recorded in config_changes.jsonl).",
+)
 
 
 def main(argv):
@@ -51,16 +64,29 @@ def main(argv):
     except ConfigError as e:
         cli.fail(f"config error: {e}")
     cli.usable_workdir(_WORKDIR.value)
+    try:
+        changes = workdir_config.check_and_record(
+            _WORKDIR.value,
+            _CONFIG.value,
+            config,
+            allow_change=_ALLOW_CONFIG_CHANGE.value,
+            write=primary,
+        )
+    except ConfigError as e:
+        cli.fail(f"resume error: {e}")
+    if changes:
+        logging.warning("config changed since the workdir's last run: %s", changes)
 
     from agentrl_jax.training.trainer import Trainer
 
-    if primary:
-        with open(os.path.join(_WORKDIR.value, "config.json"), "w") as f:
-            f.write(_CONFIG.value.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
     trainer = Trainer(config, _WORKDIR.value)
     try:
         evals = trainer.run()
         table = trainer.before_after()
+    except CheckpointWriteError as e:
+        logging.error("%s", e)
+        print(f"checkpoint error: {e}", file=sys.stderr)
+        sys.exit(1)
     finally:
         trainer.close()
     if not primary:

@@ -1,5 +1,6 @@
 """Orbax checkpoints: round trip, keep-last-and-best, resume, and failure mid-write."""
 
+import errno
 import json
 import os
 
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.training.checkpoint import Checkpointer
+from agentrl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
 
 
 def _state(seed: int):
@@ -90,3 +91,60 @@ def test_meta_is_plain_json(tmp_path):
     with open(tmp_path / "ckpt" / "3" / "meta" / "metadata") as f:
         assert json.load(f) == {"a": [1, 2]}
     ckpt.close()
+
+
+def _fail_writes(monkeypatch, code: int):
+    """Every JSON item write (the meta) fails with OSError ``code``, as a full disk or a
+    read-only filesystem makes it fail (orbax's writer itself raises)."""
+    from orbax.checkpoint._src.handlers import json_checkpoint_handler
+
+    async def failing(self, x, directory):
+        raise OSError(code, os.strerror(code), str(directory))
+
+    monkeypatch.setattr(json_checkpoint_handler.JsonCheckpointHandler, "_save_fn", failing)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS])
+def test_failed_write_names_the_path_and_the_previous_checkpoint_restores(
+    tmp_path, monkeypatch, async_save, code
+):
+    directory = str(tmp_path / "ckpt")
+    ckpt = Checkpointer(directory, async_save=async_save)
+    ckpt.save(1, _state(1), {"it": 1})
+    ckpt.wait()
+    with monkeypatch.context() as m:
+        _fail_writes(m, code)
+        with pytest.raises(CheckpointWriteError) as e:
+            ckpt.save(2, _state(2), {"it": 2})
+            ckpt.wait()  # an asynchronous write fails here
+    message = str(e.value)
+    assert f"cannot write checkpoint 2 to {os.path.join(directory, '2')}: OSError" in message
+    assert os.strerror(code) in message and "the previous checkpoint 1 is intact" in message
+    assert "\n" not in message
+    ckpt.close()  # the failure was reported once: closing does not raise it again
+
+    # The resumed run (a new process) restores step 1 intact and can write step 2 after all.
+    reopened = Checkpointer(directory, async_save=async_save)
+    step, restored, meta = reopened.restore_latest(jax.eval_shape(lambda: _state(0)))
+    assert step == 1 and meta == {"it": 1}
+    for got, want in zip(jax.tree.leaves(restored), jax.tree.leaves(_state(1))):
+        np.testing.assert_array_equal(got, want)
+    reopened.save(2, _state(2), {"it": 2})
+    reopened.wait()
+    assert reopened.restore(2, jax.eval_shape(lambda: _state(0)))[1] == {"it": 2}
+    reopened.close()
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file permissions")
+def test_read_only_directory_fails_naming_the_path(tmp_path):
+    directory = tmp_path / "ckpt"
+    ckpt = Checkpointer(str(directory), async_save=False)
+    ckpt.save(1, _state(1), {"it": 1})
+    os.chmod(directory, 0o555)
+    try:
+        with pytest.raises(CheckpointWriteError, match=f"checkpoint 2 to {directory / '2'}"):
+            ckpt.save(2, _state(2), {"it": 2})
+    finally:
+        os.chmod(directory, 0o755)
+        ckpt.close()

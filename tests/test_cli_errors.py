@@ -50,3 +50,20 @@ def test_usable_workdir_creates_and_checks(tmp_path):
     with pytest.raises(SystemExit) as e:
         cli.usable_workdir("/proc/1/not_here")
     assert e.value.code == 2
+
+
+def test_resuming_with_a_changed_config_names_the_fields(tmp_path):
+    from configs import tiny_textworld
+
+    workdir = tmp_path / "run"
+    workdir.mkdir()
+    saved = tiny_textworld.get_config("smoke")
+    saved.seed = 5
+    (workdir / "config.json").write_text(saved.to_json_best_effort(indent=2))
+    before = (workdir / "config.json").read_text()
+    rc, line = run(workdir=workdir)
+    assert rc == 2
+    assert line.startswith(f"resume error: {workdir / 'config.json'} (the run being resumed)")
+    assert "seed 5 -> 0;" in line and "--allow_config_change" in line
+    assert (workdir / "config.json").read_text() == before
+    assert sorted(p.name for p in workdir.iterdir()) == ["config.json"]  # nothing was started

@@ -5,6 +5,7 @@ helper) and compute in float64; the kernels run in float32 on the padded batch. 
 max abs diff <= 1e-6, fixed.
 """
 
+import dataclasses
 import math
 import statistics
 
@@ -22,12 +23,16 @@ BUCKET = (40, 64, 12)  # (B, T, S) of the random batches: one compilation per es
 # ------------------------------------------------------------------------------ random data
 
 
-def random_trajectories(seed, *, n_groups=5, max_steps=7, n_states=3, rewards="mixed"):
+def random_trajectories(
+    seed, *, n_groups=5, max_steps=7, n_states=3, rewards="mixed", truncation=False
+):
     """Rollout groups of ragged trajectories, as plain Python dicts.
 
     Each trajectory: raw int64 group id and state keys (beyond int32, to exercise the remap),
     per-step float32-exact rewards, per-step action / observation token counts, per-agent-token
-    values and KL estimates. All steps of a group start from the same state.
+    values and KL estimates. All steps of a group start from the same state. With
+    ``truncation``, about half are cut by a limit (``truncated``) and carry ``next_value``, the
+    critic's value of the state after their last action.
     """
     rng = np.random.default_rng(seed)
     trajs = []
@@ -54,6 +59,9 @@ def random_trajectories(seed, *, n_groups=5, max_steps=7, n_states=3, rewards="m
                     kl=[float(np.float32(x)) for x in rng.uniform(0, 0.5, n_agent)],
                 )
             )
+            if truncation:
+                trajs[-1]["truncated"] = bool(rng.random() < 0.5)
+                trajs[-1]["next_value"] = float(np.float32(rng.uniform(-1, 1)))
     order = rng.permutation(len(trajs))
     return [trajs[i] for i in order]
 
@@ -62,6 +70,8 @@ def pack(trajs, *, extra_rows=2, extra_tokens=3, extra_steps=2, seed=0, shape=No
     """Pads trajectories into the batch layout; returns (batch, values, kl, agent positions).
 
     The padded shape is the data's extent plus the extras, or exactly ``shape`` = (B, T, S).
+    Trajectories with a ``truncated`` flag give the batch bootstrap values: ``next_value`` where
+    truncated, 0 where terminal, garbage on padding rows (which have no agent token to read it).
     """
     rng = np.random.default_rng(seed + 1)
     lengths = [t["prompt_len"] + sum(t["action_lens"]) + sum(t["obs_lens"]) for t in trajs]
@@ -81,7 +91,12 @@ def pack(trajs, *, extra_rows=2, extra_tokens=3, extra_steps=2, seed=0, shape=No
     values = rng.uniform(-50, 50, (b, t_len)).astype(np.float32)
     kl = rng.uniform(-50, 50, (b, t_len)).astype(np.float32)
     positions = []
+    bootstrap = None
+    if any("truncated" in t for t in trajs):
+        bootstrap = rng.uniform(-50, 50, b).astype(np.float32)
     for row, tr in enumerate(trajs):
+        if bootstrap is not None:
+            bootstrap[row] = tr["next_value"] if tr["truncated"] else 0.0
         pos, cursor, agent = tr["prompt_len"], 0, []
         for k, (a, o) in enumerate(zip(tr["action_lens"], tr["obs_lens"])):
             for _ in range(a):
@@ -101,6 +116,7 @@ def pack(trajs, *, extra_rows=2, extra_tokens=3, extra_steps=2, seed=0, shape=No
         step_mask=step_mask,
         group_ids=groups,
         state_keys=keys,
+        bootstrap_values=bootstrap,
     )
     return batch, values, kl, positions
 
@@ -144,11 +160,15 @@ def ref_token_rewards(tr, kl_coef=0.0):
 
 
 def ref_gae(tr, gamma, lam, kl_coef=0.0):
-    """The practitioner's-guide loop over the agent tokens of one trajectory."""
+    """The practitioner's-guide loop over the agent tokens of one trajectory.
+
+    After the last action: 0 (terminal), or the value of the next state where truncated.
+    """
     r, v = ref_token_rewards(tr, kl_coef), tr["values"]
+    after_last = tr["next_value"] if tr.get("truncated") else 0.0
     adv, last = [0.0] * len(r), 0.0
     for t in reversed(range(len(r))):
-        next_v = v[t + 1] if t + 1 < len(r) else 0.0
+        next_v = v[t + 1] if t + 1 < len(r) else after_last
         delta = r[t] + gamma * next_v - v[t]
         last = delta + gamma * lam * last
         adv[t] = last
@@ -283,6 +303,27 @@ def test_token_level_estimators_match_reference(seed, cfg):
 
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+def test_gae_bootstraps_truncated_episodes_and_not_terminal_ones(seed, cfg):
+    trajs = random_trajectories(seed, truncation=True)
+    assert {t["truncated"] for t in trajs} == {True, False}  # both kinds in every batch
+    batch, values, kl, positions = pack(trajs, seed=seed, shape=BUCKET)
+    kl = kl if cfg.kl_coef else None
+
+    out = K.gae(batch, cfg, values=values, kl=kl)
+    refs = [ref_gae(t, cfg.gamma, cfg.lam, cfg.kl_coef) for t in trajs]
+    assert_matches(max_token_diff(out.tokens, positions, [r[0] for r in refs]))
+    assert_matches(max_token_diff(out.returns, positions, [r[1] for r in refs]))
+
+    # Without bootstrap values every episode is terminal, the truncated ones included.
+    terminal = [{**t, "truncated": False} for t in trajs]
+    out = K.gae(dataclasses.replace(batch, bootstrap_values=None), cfg, values=values, kl=kl)
+    refs = [ref_gae(t, cfg.gamma, cfg.lam, cfg.kl_coef) for t in terminal]
+    assert_matches(max_token_diff(out.tokens, positions, [r[0] for r in refs]))
+    assert_matches(max_token_diff(out.returns, positions, [r[1] for r in refs]))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 def test_step_level_estimators_match_reference(seed, cfg):
     trajs = random_trajectories(seed, rewards="binary" if seed % 2 else "mixed")
     batch, _, _, positions = pack(trajs, seed=seed, shape=BUCKET)
@@ -367,25 +408,32 @@ def test_gagpo_worked_example_from_docs():
     np.testing.assert_allclose(np.asarray(out.steps), want, rtol=0, atol=ATOL)
 
 
-def test_gae_hand_computed():
+@pytest.mark.parametrize(
+    "cut, want_adv, want_ret",
+    [
+        # token rewards [0, 0.5, 0, 1]; deltas: t3 = 1 - 4 = -3, t2 = 0 + 0.5*4 - 3 = -1,
+        # t1 = 0.5 + 0.5*3 - 2 = 0, t0 = 0 + 0.5*2 - 1 = 0.  A = delta + 0.25 A_next:
+        # A3 = -3, A2 = -1.75, A1 = -0.4375, A0 = -0.109375.
+        (None, [-0.109375, -0.4375, -1.75, -3.0], [0.890625, 1.5625, 1.25, 1.0]),
+        # Cut by a limit with V(next state) = 2: t3 = 1 + 0.5*2 - 4 = -2, the rest as before:
+        # A2 = -1 + 0.25*(-2) = -1.5, A1 = 0.25*(-1.5) = -0.375, A0 = 0.25*(-0.375) = -0.09375.
+        (2.0, [-0.09375, -0.375, -1.5, -2.0], [0.90625, 1.625, 1.5, 2.0]),
+    ],
+    ids=["terminal", "truncated"],
+)
+def test_gae_hand_computed(cut, want_adv, want_ret):
     """Two actions of two tokens; env tokens between them are skipped, not steps."""
     rows = [
         dict(
             group=0, keys=[0, 1], rewards=[0.5, 1.0], prompt_len=2, action_lens=[2, 2],
             obs_lens=[3, 0], values=[1.0, 2.0, 3.0, 4.0], kl=[0.0] * 4,
+            truncated=cut is not None, next_value=cut,
         )
     ]  # fmt: skip
     batch, values, _, positions = pack(rows, extra_rows=0, extra_tokens=2, extra_steps=0)
     out = K.gae(batch, K.AdvantageConfig(gamma=0.5, lam=0.5), values=values)
-    # token rewards [0, 0.5, 0, 1]; deltas: t3 = 1 - 4 = -3, t2 = 0 + 0.5*4 - 3 = -1,
-    # t1 = 0.5 + 0.5*3 - 2 = 0, t0 = 0 + 0.5*2 - 1 = 0.  A = delta + 0.25 A_next:
-    # A3 = -3, A2 = -1.75, A1 = -0.4375, A0 = -0.109375.
-    np.testing.assert_allclose(
-        np.asarray(out.tokens)[0, positions[0]], [-0.109375, -0.4375, -1.75, -3.0], atol=ATOL
-    )
-    np.testing.assert_allclose(
-        np.asarray(out.returns)[0, positions[0]], [0.890625, 1.5625, 1.25, 1.0], atol=ATOL
-    )
+    np.testing.assert_allclose(np.asarray(out.tokens)[0, positions[0]], want_adv, atol=ATOL)
+    np.testing.assert_allclose(np.asarray(out.returns)[0, positions[0]], want_ret, atol=ATOL)
 
 
 def test_grpo_rloo_hand_computed():

@@ -72,6 +72,8 @@ def test_string_state_keys_are_accepted():
         ("step_ids", np.array([[-1, 1, 1, -1, 0], [-1, 0, -1, -1, -1]]), r"contiguous run"),
         ("step_ids", np.array([[-1, 0, 0, -1, 0], [-1, 0, -1, -1, -1]]), r"run of step 0 starting"),
         ("step_ids", np.zeros((2, 5)), r"dtype float64; expected an integer array"),
+        ("bootstrap_values", np.zeros(3), r"bootstrap_values is of shape \(3,\); expected \(2,\)"),
+        ("bootstrap_values", np.array([0.0, np.nan]), r"bootstrap_values is nan at index \(1,\)"),
     ],
 )
 def test_bad_input_names_the_argument(field, value, message):

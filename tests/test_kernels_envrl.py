@@ -35,14 +35,42 @@ def test_inverse_dynamics_examples_and_truncation():
     assert ex.input_ids[0].tolist() == [10, 11, 12, 98, 20, 0, 0, 0]
     assert ex.target_mask[0].tolist() == [0, 0, 0, 0, 1, 0, 0, 0]
     assert ex.input_ids[1].tolist() == [12, 13, 14, 15, 98, 21, 22, 0]
-    short = K.build_inverse_dynamics(TRAJS, max_len=4, instruction_ids=[98])
-    # The oldest context goes first; the instruction and the target stay.
-    assert short.input_ids[1].tolist() == [15, 98, 21, 22]
-    assert short.target_mask[1].tolist() == [0, 0, 1, 1]
+    short = K.build_inverse_dynamics(TRAJS, max_len=5, instruction_ids=[98])
+    # The oldest context goes first, then the front of s_{t+1}; the instruction and a_t stay.
+    assert short.input_ids[1].tolist() == [14, 15, 98, 21, 22]
+    assert short.target_mask[1].tolist() == [0, 0, 0, 1, 1]
     with pytest.raises(ValueError, match="3 states for 1 actions"):
         K.build_state_prediction([([[1], [2], [3]], [[4]])], max_len=8)
-    with pytest.raises(ValueError, match="max_len is 2"):
-        K.build_state_prediction(TRAJS, max_len=2, instruction_ids=[1])
+    with pytest.raises(ValueError, match="max_len is 1"):
+        K.build_state_prediction(TRAJS, max_len=1, instruction_ids=[1])
+
+
+# One step as ENVRL reads it: goal 1 2, history 3 4 5, newest observation 6 7, action 8 9, next
+# observation 10 11 12.
+STEP = K.Transition(goal=[1, 2], context=[3, 4, 5, 6, 7], action=[8, 9], next_obs=[10, 11, 12])
+
+
+def test_transitions_keep_the_goal_and_cut_the_oldest_history_first():
+    sp = K.build_state_prediction([[STEP]], max_len=16, instruction_ids=[99])
+    assert sp.input_ids[0].tolist()[:13] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 99, 10, 11, 12]
+    assert sp.target_mask[0].tolist()[:13] == [0] * 10 + [1] * 3
+    inv = K.build_inverse_dynamics([[STEP]], max_len=16, instruction_ids=[98])
+    assert inv.input_ids[0].tolist()[:13] == [1, 2, 3, 4, 5, 6, 7, 10, 11, 12, 98, 8, 9]
+    # Over budget: the history between the goal and the newest observation goes first...
+    sp = K.build_state_prediction([[STEP]], max_len=11, instruction_ids=[99])
+    assert sp.input_ids[0].tolist() == [1, 2, 5, 6, 7, 8, 9, 99, 10, 11, 12]
+    # ... then s_{t+1} (the target's end in SP, down to one token; the front in ID) ...
+    sp = K.build_state_prediction([[STEP]], max_len=6, instruction_ids=[99])
+    assert sp.input_ids[0].tolist() == [1, 2, 8, 9, 99, 10]
+    inv = K.build_inverse_dynamics([[STEP]], max_len=6, instruction_ids=[98])
+    assert inv.input_ids[0].tolist() == [1, 2, 12, 98, 8, 9]  # a_t whole
+    # ... then a_t; the goal and the instruction stay.
+    sp = K.build_state_prediction([[STEP]], max_len=5, instruction_ids=[99])
+    assert sp.input_ids[0].tolist() == [1, 2, 9, 99, 10]
+    inv = K.build_inverse_dynamics([[STEP]], max_len=4, instruction_ids=[98])
+    assert inv.input_ids[0].tolist() == [1, 2, 98, 8]
+    with pytest.raises(ValueError, match="step 0: max_len is 3; expected more than the goal's 2"):
+        K.build_state_prediction([[STEP]], max_len=3, instruction_ids=[99])
 
 
 def test_aux_loss_is_target_negative_log_likelihood():

@@ -178,8 +178,8 @@ def test_sharded_train_step_matches_one_device():
     for use_mesh in (None, mesh):
         policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
         critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
-        learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2))
-        state = learner.init(policy, critic, mesh=use_mesh)
+        learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), mesh=use_mesh)
+        state = learner.init(policy, critic)
         batch = _rl_inputs(learner, learner.init(policy, critic), _batch(rows=8))
         state, metrics = learner.rl_step(state, learner.place_batch(batch))
         state, metrics = learner.rl_step(state, learner.place_batch(batch))
@@ -192,3 +192,82 @@ def test_sharded_train_step_matches_one_device():
     gate = sharded_state.policy["trunk"]["layers"][0]["mlp"]["gate_weight_df"].value
     assert gate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tp")
     assert len(gate.sharding.device_set) == 8
+    # Adam's moments share their parameter's layout (both of them, for every parameter).
+    like_gate = [x for x in jax.tree.leaves(sharded_state.policy_opt) if x.shape == gate.shape]
+    assert len(like_gate) >= 2 and all(x.sharding == gate.sharding for x in like_gate)
+
+
+def test_abstract_state_is_the_layout_init_makes():
+    from agentrl_jax.sharding import make_mesh
+
+    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), mesh=make_mesh((2, 2, 2)))
+    abstract = learner.abstract_state(policy, critic)
+    state = learner.init(policy, critic)
+    assert jax.tree.structure(abstract) == jax.tree.structure(state)
+    for a, x in zip(jax.tree.leaves(abstract), jax.tree.leaves(state)):
+        assert isinstance(a, jax.ShapeDtypeStruct)
+        assert (a.shape, a.dtype, a.sharding) == (x.shape, x.dtype, x.sharding)
+
+
+def test_rl_update_equals_one_rl_step_per_minibatch():
+    """The scanned update (minibatches gathered on device) = rl_step on host-sliced minibatches."""
+    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    learner = Learner(
+        policy,
+        critic,
+        optax.adam(1e-2),
+        optax.adam(1e-2),
+        weights=LossWeights(value=0.5, kl=0.1, entropy=0.01),
+    )
+    batch = _rl_inputs(learner, learner.init(policy, critic), _batch(rows=8))
+    plan = np.stack([np.random.default_rng(s).permutation(8)[:4] for s in range(3)])
+    host = jax.tree.map(np.asarray, batch)
+
+    state = learner.init(policy, critic)
+    stepped = []
+    for index in plan:
+        state, metrics = learner.rl_step(state, {k: jnp.asarray(v[index]) for k, v in host.items()})
+        stepped.append(metrics)
+    want = jax.tree.map(np.asarray, (state.policy, state.value))
+
+    state, metrics = learner.rl_update(
+        learner.init(policy, critic), batch, jnp.asarray(plan, jnp.int32), {}
+    )
+    got = jax.tree.map(np.asarray, (state.policy, state.value))
+    assert int(state.step) == 3
+    for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got)):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    for name, values in metrics.items():
+        assert values.shape == (3,), name
+        np.testing.assert_allclose(
+            values, [float(m[name]) for m in stepped], atol=1e-6, rtol=1e-6, err_msg=name
+        )
+
+
+def test_score_equals_the_separate_passes_in_chunks():
+    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    ref = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(2))
+    learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), temperature=0.7)
+    state = learner.init(policy, critic)
+    ref_state = nnx.state(ref, nnx.Param)
+    batch = _batch(rows=8)
+    want = {
+        "old_logprobs": learner.policy_logprobs(state.policy, batch),
+        "ref_logprobs": learner.policy_logprobs(ref_state, batch),
+        "old_values": learner.values(state.value, batch),
+    }
+    for rows_per_chunk in (8, 2):
+        got = learner.score(
+            state.policy, ref_state, state.value, batch, rows_per_chunk=rows_per_chunk
+        )
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], atol=1e-6, rtol=0, err_msg=k)
+    only_old = learner.score(state.policy, None, None, batch, rows_per_chunk=4)
+    assert set(only_old) == {"old_logprobs"}
+    with pytest.raises(ValueError, match="rows_per_chunk=3 does not divide the batch's 8 rows"):
+        learner.score(state.policy, None, None, batch, rows_per_chunk=3)

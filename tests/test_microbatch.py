@@ -108,6 +108,7 @@ def _rl_learners(microbatch_sizes, mesh=None, **loss_kwargs):
     temperature = loss_kwargs.pop("temperature", 1.0)
     out = []
     for i, size in enumerate(microbatch_sizes):
+        on_mesh = mesh if i == len(microbatch_sizes) - 1 else None
         learner = Learner(
             policy,
             critic,
@@ -118,9 +119,9 @@ def _rl_learners(microbatch_sizes, mesh=None, **loss_kwargs):
             envrl=kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10),
             temperature=temperature,
             microbatch_size=size,
+            mesh=on_mesh,
         )
-        on_mesh = mesh if i == len(microbatch_sizes) - 1 else None
-        out.append((learner, learner.init(policy, critic, mesh=on_mesh)))
+        out.append((learner, learner.init(policy, critic)))
     return out
 
 

@@ -1,5 +1,7 @@
 """Rollouts are token-in, token-out: the batch holds exactly the ids the model read and sampled."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
@@ -34,7 +36,9 @@ class ScriptedPool:
         return ("go north", "go south", "take coin", "take coin from chest")
 
     def _obs(self, i):
-        t = self.t[i]
+        return self._obs_at(self.t[i])
+
+    def _obs_at(self, t):
         return Observation(
             objective="take the coin",
             text=f"room {t}",
@@ -104,6 +108,29 @@ def _rollout(
     worker = RolloutWorker(ScriptedPool(lengths), sampler, tok, template, cfg)
     tasks = [Task("scripted", "train", "a"), Task("scripted", "train", "b")]
     return worker.run(tasks, jax.random.key(0), sampling=sampling), worker
+
+
+def test_an_admissible_command_that_does_not_fit_max_new_tokens_is_an_error(setup):
+    """Constrained decoding never cuts a command: the rollout stops naming it and its length."""
+    tok, policy, template, sampler = setup
+    lengths = {
+        c: len(tok.encode(c, add_special_tokens=False)) + 1  # with the stop token
+        for c in ScriptedPool([1])._obs_commands()
+    }
+    longest = max(lengths, key=lengths.get)
+    n = lengths[longest]
+    fits = RolloutConfig(group_size=1, max_turns=1, max_new_tokens=n, constrain_actions=True)
+    worker = RolloutWorker(ScriptedPool([1]), sampler, tok, template, fits)
+    (traj,) = worker.run([Task("scripted", "train", "a")], jax.random.key(0))
+    assert traj.steps[0].action_ids
+    short = dataclasses.replace(fits, max_new_tokens=n - 1)
+    worker = RolloutWorker(ScriptedPool([1]), sampler, tok, template, short)
+    with pytest.raises(
+        ValueError,
+        match=rf"admissible command {longest!r} is {n} tokens with its stop token; "
+        rf"config.rollout.max_new_tokens={n - 1} cannot write it whole",
+    ):
+        worker.run([Task("scripted", "train", "a")], jax.random.key(0))
 
 
 def test_episode_rows_hold_exactly_what_the_model_read_and_sampled(setup):
@@ -230,9 +257,66 @@ def test_step_mode_rebuilds_context_from_stored_ids(setup):
 
 
 def test_episode_that_outgrows_the_context_is_truncated(setup):
-    trajs, _ = _rollout(setup, "episode", lengths=(50,), max_turns=50, max_seq_len=96)
+    trajs, worker = _rollout(setup, "episode", lengths=(50,), max_turns=50, max_seq_len=96)
     assert all(t.truncated and not t.won for t in trajs)
     assert all(len(t.steps) >= 1 and all(s.action_ids for s in t.steps) for t in trajs)
+    for traj in trajs:  # The observation that did not fit is kept as the final one.
+        k = len(traj.steps)
+        obs = render_observation(ScriptedPool([1])._obs_at(k), first=False, show_admissible=True)
+        assert traj.final_obs_ids == worker.template.turn_ids(worker.tokenizer, obs, first=False)
+
+
+@pytest.mark.parametrize("mode", ["episode", "step"])
+def test_every_step_keeps_its_observation_and_the_episode_its_final_one(setup, mode):
+    tok, *_ = setup
+    trajs, worker = _rollout(setup, mode, lengths=(2, 5), max_turns=3)
+    assert [(t.won, t.truncated, len(t.steps)) for t in trajs] == [
+        (True, False, 2), (False, True, 3), (True, False, 2), (False, True, 3),
+    ]  # fmt: skip
+    for traj in trajs:
+        shown = [ScriptedPool([1])._obs_at(k) for k in range(len(traj.steps) + 1)]
+        ids = [
+            worker._obs_ids(obs, first=k == 0) for k, obs in enumerate(shown)
+        ]  # as encoded for the model, once
+        assert [s.obs_ids for s in traj.steps] == ids[:-1]
+        assert all(s.prompt_ids[-len(s.obs_ids) :] == s.obs_ids for s in traj.steps)
+        assert traj.final_obs_ids == ids[-1]  # won: the winning move's answer; cut: the next one
+        assert traj.header_ids == (worker._header_ids(shown[0]) if mode == "step" else [])
+
+
+def test_truncated_episode_rows_bootstrap_gae_from_the_state_after_the_last_action(setup):
+    from agentrl_jax import kernels
+    from agentrl_jax.training import rl_batch
+
+    tok, *_ = setup
+    trajs, _ = _rollout(setup, "episode", lengths=(2, 5), max_turns=3)
+    rl = rl_batch.build_rows(trajs, "episode", tok.pad_token_id, 1, bootstrap=True)
+    rows = rl.rows
+    values = np.random.default_rng(0).uniform(-1, 1, rows.tokens.shape).astype(np.float32)
+    adv, ret = rl_batch.advantages(
+        rl, len(trajs), "gae", kernels.AdvantageConfig(gamma=0.9, lam=0.8), values=values
+    )
+    for r, traj in enumerate(trajs):
+        n = sum(len(s.prompt_ids) + len(s.action_ids) for s in traj.steps)
+        pos = rows.bootstrap_pos[r]
+        if traj.truncated:  # the row goes on with the final observation, no loss on it
+            assert pos == n + len(traj.final_obs_ids) < rows.tokens.shape[1]
+            assert rows.tokens[r, n:pos].tolist() == traj.final_obs_ids
+            assert rows.mask[r, n:pos].all() and not rows.loss_mask[r, n:].any()
+        else:
+            assert pos == -1 and not rows.mask[r, n:].any()
+        # Plain GAE over the agent tokens; after the last: V where the next action would start.
+        agent = np.flatnonzero(rows.loss_mask[r])
+        rewards = np.zeros(len(agent))
+        for k, step in enumerate(traj.steps):
+            rewards[np.flatnonzero(rows.step_ids[r, agent] == k)[-1]] = step.reward
+        v = [float(values[r, t]) for t in agent] + [float(values[r, pos]) if pos >= 0 else 0.0]
+        want, last = np.zeros(len(agent)), 0.0
+        for i in reversed(range(len(agent))):
+            last = rewards[i] + 0.9 * v[i + 1] - v[i] + 0.9 * 0.8 * last
+            want[i] = last
+        np.testing.assert_allclose(adv[r, agent], want, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(ret[r, agent], want + v[:-1], rtol=0, atol=1e-5)
 
 
 def test_expert_rollout_encodes_the_experts_command_once(setup):

@@ -75,7 +75,7 @@ def tok(tmp_path_factory):
 
 def _demos(tok, mode, lengths, history_turns=1):
     cfg = RolloutConfig(
-        max_turns=6, max_new_tokens=8, max_seq_len=512, context_mode=mode,
+        group_size=1, max_turns=6, max_new_tokens=8, max_seq_len=512, context_mode=mode,
         history_turns=history_turns,
     )  # fmt: skip
     worker = RolloutWorker(ExpertPool(), None, tok, get_template("plain"), cfg)
@@ -336,7 +336,9 @@ def test_real_textworld_expert_demonstrations_win_and_train_only_on_the_experts_
     from agentrl_jax.envs.actors import ActorPool
 
     tasks = textworld_games["train"]
-    cfg = RolloutConfig(max_turns=20, max_new_tokens=64, max_seq_len=4096, context_mode="episode")
+    cfg = RolloutConfig(
+        group_size=1, max_turns=20, max_new_tokens=64, max_seq_len=4096, context_mode="episode"
+    )
     with ActorPool("textworld", {"max_steps": 20}, num_workers=1, envs_per_worker=3) as pool:
         worker = RolloutWorker(pool, None, tok, get_template("plain"), cfg)
         trajs = worker.run(tasks, jax.random.key(0), expert=True)

@@ -23,19 +23,9 @@ from agentrl_jax.training.trainer import Trainer
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 import train_cli  # noqa: E402
+from train_cli import tiny_config as _config  # noqa: E402
 
 from configs import tiny_textworld  # noqa: E402
-
-
-def _config(**sections):
-    cfg = tiny_textworld.get_config()
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            for k, v in values.items():
-                cfg[section][k] = v
-        else:
-            cfg[section] = values
-    return cfg
 
 
 @pytest.mark.parametrize(
@@ -61,6 +51,7 @@ def _config(**sections):
         (dict(rl=dict(kl_estimator="k4")), r"config.rl: LossConfig.kl_estimator is 'k4'"),
         (dict(rl=dict(kl_clamp=-1.0)), r"config.rl: LossConfig.kl_clamp is -1.0; expected None"),
         (dict(rl=dict(value_clip=0.0)), r"config.rl: LossConfig.value_clip is 0.0; expected None"),
+        (dict(envrl=dict(horizon=-5)), r"config.envrl.horizon is -5; expected an int >= 0"),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):
@@ -124,7 +115,7 @@ def test_rl_task_pool_unseen_leaves_out_every_demonstration_game():
     tasks = [Task(env="textworld", split="train", id=f"g/{i}") for i in range(7)]
     cfg = from_config_dict(
         _config(
-            rl=dict(task_pool="unseen"),
+            rl=dict(task_pool="unseen", tasks_per_iteration=2, minibatch_size=8),
             env=dict(num_train_tasks=7),
             budget=dict(total=60, sft_fraction=0.5),  # 3 demonstrations
         ),

@@ -13,6 +13,23 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def tiny_config(arg: str | None = None, **sections):
+    """``configs/tiny_textworld.py`` (with ``arg``) with ``section=dict(key=value)`` overrides, or
+    ``key=value`` for a top-level key."""
+    if REPO not in sys.path:
+        sys.path.insert(0, REPO)
+    from configs import tiny_textworld
+
+    cfg = tiny_textworld.get_config(arg)
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            for k, v in values.items():
+                cfg[section][k] = v
+        else:
+            cfg[section] = values
+    return cfg
+
+
 def train_cmd(workdir, *extra, config: str = "configs/tiny_textworld.py:test") -> list[str]:
     return [
         sys.executable,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
+import inspect
 from typing import Any
 
 
@@ -63,6 +64,20 @@ class Env(abc.ABC):
     @abc.abstractmethod
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         """Applies one action (any text, even malformed) and returns (obs, reward, done, info)."""
+
+    @classmethod
+    def lists_admissible_commands(cls, **kwargs: Any) -> bool | None:
+        """Whether an env built with ``kwargs`` lists admissible commands in its observations
+        (``rollout.constrain_actions`` writes one of them; the config is checked against this).
+
+        True, False, or None when it cannot tell before playing. By default: the value of the
+        constructor's ``admissible_commands`` argument (given or its default) where it has one,
+        else None. An env that never lists any returns False.
+        """
+        param = inspect.signature(cls).parameters.get("admissible_commands")
+        if param is None:
+            return None
+        return bool(kwargs.get("admissible_commands", param.default))
 
     def reset_info(self) -> dict[str, Any]:
         """The info of the state the last ``reset`` produced: at least ``state_key`` and, where

@@ -88,6 +88,17 @@ def make_env(name: str, **kwargs: Any) -> Env:
     return load_factory(name)(**kwargs)
 
 
+def lists_admissible_commands(name: str, kwargs: dict[str, Any]) -> bool | None:
+    """Whether the env registered as ``name``, built with ``kwargs``, lists admissible commands
+    (``Env.lists_admissible_commands``; None when its factory is not an ``Env`` class or one of
+    its classmethods, or the env cannot tell)."""
+    factory = load_factory(name)
+    owner = factory if isinstance(factory, type) else getattr(factory, "__self__", None)
+    if isinstance(owner, type) and issubclass(owner, Env):
+        return owner.lists_admissible_commands(**kwargs)
+    return None
+
+
 def _import_path(factory: Callable[..., Env]) -> str:
     qualname = getattr(factory, "__qualname__", "")
     module = getattr(factory, "__module__", None)

@@ -5,7 +5,8 @@ What the trainer calls (names come from config; see docs/algorithms.md)::
     from agentrl_jax import kernels
 
     batch = kernels.make_batch(loss_mask=..., step_ids=..., rewards=..., step_mask=...,
-                               group_ids=..., state_keys=...)      # host-side, validated
+                               group_ids=..., state_keys=...,      # host-side, validated
+                               bootstrap_values=...)  # [B] V after a cut episode, 0: terminal
     spec = kernels.get_advantage_spec(cfg.advantage)                # spec.needs_values: run critic?
     adv = spec.fn(batch, kernels.AdvantageConfig(gamma=..., lam=...),
                   values=values_bt,                                 # [B, T] or None
@@ -53,6 +54,7 @@ from agentrl_jax.kernels.entropy import entropy_bonus, entropy_from_logits
 from agentrl_jax.kernels.envrl import (
     AuxExamples,
     EnvrlConfig,
+    Transition,
     aux_loss,
     build_inverse_dynamics,
     build_state_prediction,
@@ -84,6 +86,7 @@ __all__ = [
     "EstimatorSpec",
     "LossConfig",
     "RATIO_LEVELS",
+    "Transition",
     "Weighted",
     "action_mean",
     "advantage_estimators",

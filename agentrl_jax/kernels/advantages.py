@@ -86,16 +86,30 @@ def token_rewards(
 
 @functools.partial(jax.jit, static_argnames=("gamma", "lam"))
 def token_gae(
-    rewards_bt: jax.Array, values_bt: jax.Array, mask_bt: jax.Array, *, gamma: float, lam: float
+    rewards_bt: jax.Array,
+    values_bt: jax.Array,
+    mask_bt: jax.Array,
+    *,
+    gamma: float,
+    lam: float,
+    bootstrap_b: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """Token-level GAE over agent tokens only (a masked reverse recursion).
 
     For agent tokens t (mask 1), with t' the next agent token of the row (environment and padding
-    tokens in between are skipped, not treated as steps) and V(h_{t'}) = 0 past the last one::
+    tokens in between are skipped, not treated as steps)::
 
         delta_t = r_t + gamma * V(h_{t'}) - V(h_t)
         A_t     = delta_t + gamma * lam * A_{t'}   ( = sum_l (gamma lam)^l delta_{t+l} )
         R_t     = A_t + V(h_t)
+
+    Past the last agent token, V(h_{t'}) is ``bootstrap_b`` (0 when None): 0 for an episode that
+    ended in a terminal state; for one cut by a step or length limit, the critic's value of the
+    state in which the agent would have acted next, i.e. of the history that includes the last
+    action and the observation it produced, read where the next action's first token would have
+    been. That is the same definition V(h_{t'}) has inside the row (the first token of the next
+    action), so a cut episode is credited exactly as if it had gone on and the critic's estimate
+    stood in for the rest.
 
     Computed in closed form as one masked discounted suffix sum (see the comment in the body);
     discounts gamma * lam below ~0.6 run the recursion above as a sequential ``lax.scan``.
@@ -105,11 +119,18 @@ def token_gae(
       values_bt: [B, T] critic values V(h_t).
       mask_bt: [B, T] 1 on agent tokens.
       gamma, lam: discount and GAE lambda.
+      bootstrap_b: optional [B], V of the state after each row's last action (0: terminal).
 
     Returns:
       (advantages [B, T], returns [B, T]), 0 off agent tokens.
     """
     valid = mask_bt > 0
+    if bootstrap_b is not None:
+        # delta at the last agent token gains gamma * V(next state): the same recursion with the
+        # bootstrap as V(h_{t'}), folded into that token's reward.
+        later = jnp.cumsum(valid[:, ::-1], axis=1)[:, ::-1]  # agent tokens at or after t
+        last = valid & (later == 1)
+        rewards_bt = rewards_bt + jnp.where(last, gamma * bootstrap_b[:, None], 0.0)
     c = gamma * lam
     if not chunked_discount(c):
         adv = _sequential_gae(rewards_bt, values_bt, valid, gamma, lam)
@@ -319,16 +340,26 @@ def _no_kl_penalty(name: str, kl, config: AdvantageConfig) -> None:
 
 def _gae_impl(batch: Batch, values, kl, config: AdvantageConfig) -> Advantages:
     r = token_rewards(batch.rewards, batch.step_ids, batch.loss_mask, kl, config.kl_coef)
-    adv, ret = token_gae(r, values, batch.loss_mask, gamma=config.gamma, lam=config.lam)
+    adv, ret = token_gae(
+        r,
+        values,
+        batch.loss_mask,
+        gamma=config.gamma,
+        lam=config.lam,
+        bootstrap_b=batch.bootstrap_values,
+    )
     return Advantages(tokens=adv, returns=ret)
 
 
 _gae_jit = _counted_jit("gae", _gae_impl)
 
 
-@register_advantage_estimator("gae", needs_values=True)
+@register_advantage_estimator("gae", needs_values=True, kl_reward=True)
 def gae(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
-    """Token-level GAE with a critic (PPO); see :func:`token_gae`. Needs ``values`` [B, T]."""
+    """Token-level GAE with a critic (PPO); see :func:`token_gae`. Needs ``values`` [B, T].
+
+    Truncated rows bootstrap from ``batch.bootstrap_values`` (None: every row is terminal).
+    """
     if values is None:
         raise ValueError("gae: values is None; expected the critic's values, shape [B, T]")
     _check_inputs("gae", batch, config, values, kl)
@@ -348,7 +379,7 @@ def _reinforce_pp_impl(batch: Batch, kl, config: AdvantageConfig) -> Advantages:
 _reinforce_pp_jit = _counted_jit("reinforce_pp", _reinforce_pp_impl)
 
 
-@register_advantage_estimator("reinforce_pp")
+@register_advantage_estimator("reinforce_pp", kl_reward=True)
 def reinforce_pp(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
     """REINFORCE++: token returns (with an optional KL reward penalty) whitened over the batch.
 

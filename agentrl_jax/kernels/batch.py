@@ -16,6 +16,10 @@ Layout (B trajectories, T tokens, S environment steps; all padded to a shape buc
                                they are in the same rollout group AND have the same raw state key.
                                Dense in [0, B*S); 0 on padded steps. None when the batch has no
                                state keys (gigpo and gagpo then refuse it).
+    bootstrap_values [B] float32  V of the state after each row's last action where the episode
+                               was cut by a step or length limit (truncated), 0 where it ended in
+                               a terminal state. Only gae reads it (see ``token_gae``). None: every
+                               row ended in a terminal state.
 
 A row with no real step (``step_mask[b, 0] == 0``) is padding and contributes nothing.
 
@@ -49,6 +53,7 @@ class Batch:
     step_mask: jax.Array  # [B, S] float32, prefix of ones
     group_ids: jax.Array  # [B] int32, dense in [0, B)
     state_ids: jax.Array | None = None  # [B, S] int32, dense in [0, B*S)
+    bootstrap_values: jax.Array | None = None  # [B] float32, 0 on terminal rows
 
     @property
     def shape(self) -> tuple[int, int, int]:
@@ -75,6 +80,15 @@ def _check_01(name: str, arr: np.ndarray) -> None:
     if bad.any():
         idx = tuple(int(i) for i in np.argwhere(bad)[0])
         _fail(name, f"{arr[idx].item()!r} at index {idx}", "only 0 and 1")
+
+
+def _check_finite(name: str, arr: np.ndarray) -> None:
+    if not np.issubdtype(arr.dtype, np.number):
+        _fail(name, f"of dtype {arr.dtype}", "a float array")
+    finite = np.isfinite(arr)
+    if not finite.all():
+        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
+        _fail(name, f"{arr[idx]} at index {idx}", "finite values (no NaN or inf)")
 
 
 def _check_integer(name: str, arr: np.ndarray) -> None:
@@ -165,6 +179,7 @@ def make_batch(
     step_mask: Any,
     group_ids: Any,
     state_keys: Any = None,
+    bootstrap_values: Any = None,
 ) -> Batch:
     """Validates host arrays and builds a :class:`Batch` (dense ids, float32 / int32 arrays).
 
@@ -175,6 +190,8 @@ def make_batch(
       step_mask: [B, S] 0/1, a prefix of ones per row.
       group_ids: [B] rollout-group ids (any integers or strings).
       state_keys: optional [B, S] raw keys of the state each step acted from (int64 or str).
+      bootstrap_values: optional [B] finite floats, V of the state after each row's last action
+        for truncated rows, 0 for rows that ended in a terminal state.
 
     Returns:
       The batch, ready for any estimator.
@@ -193,12 +210,7 @@ def make_batch(
             f"of shape {rewards.shape}",
             f"[B, S] with B = {loss_mask.shape[0]} (the rows of loss_mask)",
         )
-    if not np.issubdtype(rewards.dtype, np.number):
-        _fail("rewards", f"of dtype {rewards.dtype}", "a float array")
-    finite = np.isfinite(rewards)
-    if not finite.all():
-        idx = tuple(int(i) for i in np.argwhere(~finite)[0])
-        _fail("rewards", f"{rewards[idx]} at index {idx}", "finite values (no NaN or inf)")
+    _check_finite("rewards", rewards)
     step_mask = _as_2d("step_mask", step_mask, rewards.shape, "[B, S] (the shape of rewards)")
     _check_01("step_mask", step_mask)
     group_ids = np.asarray(group_ids)
@@ -208,6 +220,15 @@ def make_batch(
         state_keys = _as_2d(
             "state_keys", state_keys, rewards.shape, "[B, S] (the shape of rewards)"
         )
+    if bootstrap_values is not None:
+        bootstrap_values = np.asarray(bootstrap_values)
+        if bootstrap_values.shape != (loss_mask.shape[0],):
+            _fail(
+                "bootstrap_values",
+                f"of shape {bootstrap_values.shape}",
+                f"({loss_mask.shape[0]},), one per row",
+            )
+        _check_finite("bootstrap_values", bootstrap_values)
     validate_steps(loss_mask, step_ids, step_mask)
     dense_groups, state_ids = remap_ids(group_ids, state_keys, step_mask)
     return Batch(
@@ -217,6 +238,9 @@ def make_batch(
         step_mask=jnp.asarray(step_mask, jnp.float32),
         group_ids=jnp.asarray(dense_groups),
         state_ids=None if state_ids is None else jnp.asarray(state_ids),
+        bootstrap_values=(
+            None if bootstrap_values is None else jnp.asarray(bootstrap_values, jnp.float32)
+        ),
     )
 
 

@@ -1,13 +1,20 @@
 """ENVRL auxiliary losses: state prediction and inverse dynamics on the policy's own LM head.
 
-From the turns of a trajectory (the exact token ids of states s_0..s_n and actions
-a_0..a_{n-1}; a "state" is whatever the caller fed the model as the observation of that turn),
-two kinds of examples are built on the host, one per step t with a known next state:
+From each step t of a trajectory, a :class:`Transition` of token ids: s_t (what the agent saw
+when it acted: a ``goal`` part always kept, then its ``context``, oldest first), the action a_t
+and the environment's next observation s_{t+1} alone (never a next prompt, whose history would
+hold a_t). Two kinds of examples are built on the host, one per transition:
 
     state prediction (SP):  [s_t, a_t, sp_instruction, s_{t+1}]  target s_{t+1}
                             L_SP = -log p(s_{t+1} | s_t, a_t)
     inverse dynamics (ID):  [s_t, s_{t+1}, id_instruction, a_t]  target a_t
                             L_ID = -log p(a_t | s_t, s_{t+1})
+
+The instruction says which task the example is (e.g. "Predict the next observation."). An
+example longer than the row budget drops the oldest context tokens first (the history between
+the goal and the newest observation), then tokens of s_{t+1} (its end where it is the target,
+its front where it is context), then of a_t; the goal, the instruction and at least one target
+token stay.
 
 Both are scored by the same model that acts (next-token log-probabilities), with the per-token
 losses aggregated like the RL loss (numerator / denominator). The weights decay on a cosine from
@@ -47,6 +54,24 @@ class EnvrlConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class Transition:
+    """One environment step as token ids: (s_t, a_t, s_{t+1}).
+
+    Attributes:
+      goal: the start of s_t that an example always keeps (the task's header and goal).
+      context: the rest of s_t, oldest first (earlier turns, then the newest observation); an
+        example that does not fit drops its oldest tokens first.
+      action: a_t.
+      next_obs: s_{t+1}, the environment's next observation alone.
+    """
+
+    goal: Sequence[int]
+    context: Sequence[int]
+    action: Sequence[int]
+    next_obs: Sequence[int]
+
+
+@dataclasses.dataclass(frozen=True)
 class AuxExamples:
     """Padded auxiliary examples (host numpy arrays).
 
@@ -66,42 +91,63 @@ class AuxExamples:
     steps: np.ndarray
 
 
-def _fit(context: list[int], target: list[int], max_len: int) -> tuple[list[int], list[int]]:
-    """Drops the oldest context tokens first, then the end of the target, to fit max_len."""
-    overflow = len(context) + len(target) - max_len
-    if overflow > 0:
-        cut = min(overflow, len(context))
-        context = context[cut:]
-        target = target[: max_len - len(context)]
-    return context, target
+def _fit(goal, context, middle, instruction, target, max_len, *, target_first):
+    """Cuts [goal, context, middle, instruction] + target to max_len: the context's oldest
+    tokens, then the next observation (the target's end in SP, ``target_first``; the middle's
+    front in ID), then the action (the middle's front in SP; the target's end in ID), keeping
+    at least one target token. The goal and the instruction stay."""
+    over = len(goal) + len(context) + len(middle) + len(instruction) + len(target) - max_len
+    cut = min(max(over, 0), len(context))
+    context, over = context[cut:], over - cut
+    for part in ("target", "middle") if target_first else ("middle", "target"):
+        if part == "target":
+            cut = min(max(over, 0), len(target) - 1)
+            target = target[: len(target) - cut]
+        else:
+            cut = min(max(over, 0), len(middle))
+            middle = middle[cut:]
+        over -= cut
+    return goal + context + middle + instruction, target
 
 
-def _build(
-    trajectories: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
-    kind: str,
-    max_len: int,
-    instruction_ids: Sequence[int],
-    pad_id: int,
-) -> AuxExamples:
-    if max_len <= len(instruction_ids) + 1:
-        raise ValueError(
-            f"max_len is {max_len}; expected more than len(instruction_ids) + 1 = "
-            f"{len(instruction_ids) + 1}"
-        )
-    seqs, masks, rows, steps = [], [], [], []
-    for row, (states, actions) in enumerate(trajectories):
+def _transitions(row: int, trajectory) -> list[Transition]:
+    """A trajectory's transitions; (states, actions) is shorthand for goal-less transitions
+    (context s_t = states[t], next_obs = states[t + 1]; a step without a next state is skipped)."""
+    if isinstance(trajectory, tuple) and len(trajectory) == 2:
+        states, actions = trajectory
         if len(states) not in (len(actions), len(actions) + 1):
             raise ValueError(
                 f"trajectory {row}: {len(states)} states for {len(actions)} actions; expected "
                 "one state per action plus optionally the final state"
             )
-        for t in range(min(len(actions), len(states) - 1)):
-            s, a, s_next = list(states[t]), list(actions[t]), list(states[t + 1])
+        return [
+            Transition((), states[t], actions[t], states[t + 1])
+            for t in range(min(len(actions), len(states) - 1))
+        ]
+    return list(trajectory)
+
+
+def _build(trajectories, kind: str, max_len: int, instruction_ids, pad_id: int) -> AuxExamples:
+    instruction = list(instruction_ids)
+    seqs, masks, rows, steps = [], [], [], []
+    for row, trajectory in enumerate(trajectories):
+        for t, tr in enumerate(_transitions(row, trajectory)):
+            goal = list(tr.goal)
+            if len(goal) + len(instruction) + 1 > max_len:
+                raise ValueError(
+                    f"trajectory {row} step {t}: max_len is {max_len}; expected more than the "
+                    f"goal's {len(goal)} tokens plus the instruction's {len(instruction)}"
+                )
             if kind == "sp":
-                context, target = s + a, s_next
+                middle, target = list(tr.action), list(tr.next_obs)
             else:
-                context, target = s + s_next, a
-            context, target = _fit(context + list(instruction_ids), target, max_len)
+                middle, target = list(tr.next_obs), list(tr.action)
+            if not target:
+                continue  # Nothing to predict (an empty next observation).
+            context, target = _fit(
+                goal, list(tr.context), middle, instruction, target, max_len,
+                target_first=kind == "sp",
+            )  # fmt: skip
             seqs.append(context + target)
             masks.append([0] * len(context) + [1] * len(target))
             rows.append(row)
@@ -120,7 +166,7 @@ def _build(
 
 
 def build_state_prediction(
-    trajectories: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+    trajectories: Sequence,
     *,
     max_len: int,
     instruction_ids: Sequence[int] = (),
@@ -129,23 +175,25 @@ def build_state_prediction(
     """SP examples [s_t, a_t, instruction, s_{t+1}] with targets on s_{t+1}.
 
     Args:
-      trajectories: per trajectory, (states, actions): lists of token-id lists; states has one
-        entry per action, plus the final state when known (steps without a next state are
-        skipped).
-      max_len: L, the padded length; the oldest context tokens are dropped first when an example
-        is longer, then the end of the target.
-      instruction_ids: token ids placed right before the target (e.g. a tokenised "Next
-        observation:").
+      trajectories: per trajectory, a list of :class:`Transition`, or (states, actions): lists
+        of token-id lists, states with one entry per action plus the final state when known
+        (s_t and s_{t+1} are then states[t] and states[t + 1], with no goal).
+      max_len: L, the padded length; a longer example is cut as the module docstring says.
+      instruction_ids: token ids placed right before the target, saying what to predict (e.g. a
+        tokenised "Predict the next observation.").
       pad_id: the padding token.
 
     Returns:
-      The padded examples.
+      The padded examples, one per transition (steps t count within each trajectory).
+
+    Raises:
+      ValueError: a goal and instruction that leave no room for a target in max_len.
     """
     return _build(trajectories, "sp", max_len, instruction_ids, pad_id)
 
 
 def build_inverse_dynamics(
-    trajectories: Sequence[tuple[Sequence[Sequence[int]], Sequence[Sequence[int]]]],
+    trajectories: Sequence,
     *,
     max_len: int,
     instruction_ids: Sequence[int] = (),

@@ -34,6 +34,11 @@ class EstimatorSpec:
       ratio_level: the PPO ratio the estimator is defined with ("token": one per token;
         "action": one per action, from the mean token log-ratio); the run's loss uses it unless
         ``config.rl.ratio_level`` names one on purpose.
+      kl_reward: the estimator takes ``kl=`` as a per-token reward penalty (``kl_coef * kl``
+        subtracted from the token rewards), so a run may set ``config.rl.kl_mode="reward"``.
+
+    The run's config is checked against these when it is validated (training/config.py), the
+    same for a user's estimator as for the built-in ones.
     """
 
     name: str
@@ -41,6 +46,7 @@ class EstimatorSpec:
     needs_values: bool
     needs_groups: bool = False
     ratio_level: str = "token"
+    kl_reward: bool = False
 
 
 _ESTIMATORS: dict[str, EstimatorSpec] = {}
@@ -63,6 +69,7 @@ def register_advantage_estimator(
     needs_values: bool = False,
     needs_groups: bool = False,
     ratio_level: str = "token",
+    kl_reward: bool = False,
     overwrite: bool = False,
 ):
     """Registers ``fn`` under ``name``; usable as ``@register_advantage_estimator("name")``.
@@ -74,6 +81,8 @@ def register_advantage_estimator(
       needs_groups: the estimator compares the rollouts of a task: a run needs
         ``rollout.group_size >= 2`` (checked when the config is validated).
       ratio_level: "token" or "action", the PPO ratio the estimator is defined with.
+      kl_reward: ``fn`` subtracts ``config.kl_coef * kl`` from its token rewards when given
+        ``kl=``: a run may use ``config.rl.kl_mode="reward"`` with it (otherwise a config error).
       overwrite: replace an existing registration instead of raising.
     """
     _check_name("advantage estimator", name, _ESTIMATORS, overwrite)
@@ -90,6 +99,7 @@ def register_advantage_estimator(
             needs_values=needs_values,
             needs_groups=needs_groups,
             ratio_level=ratio_level,
+            kl_reward=kl_reward,
         )
         return f
 

@@ -32,6 +32,8 @@ CHAT_TEMPLATE = (
 )
 
 _BYTE_ALPHABET = 256
+# The smallest vocabulary ``build_tokenizer`` accepts: the special tokens and the 256 bytes.
+MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + _BYTE_ALPHABET
 
 
 def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizerBase:
@@ -78,9 +80,10 @@ def build_tokenizer(
     Returns:
       The saved tokenizer, loaded through ``load_tokenizer`` (the same path as a checkpoint's).
     """
-    minimum = len(SPECIAL_TOKENS) + _BYTE_ALPHABET
-    if vocab_size < minimum:
-        raise ValueError(f"vocab_size={vocab_size} must be at least {minimum} (specials + bytes)")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} must be at least {MIN_VOCAB_SIZE} (specials + bytes)"
+        )
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence(
         [

@@ -65,6 +65,10 @@ class SweEnv(Env):
         self.done = True
 
     @classmethod
+    def lists_admissible_commands(cls, **kwargs) -> bool:
+        return False  # free-form bash and edit actions: there is no list to choose from
+
+    @classmethod
     def from_jsonl(cls, path: str, **kwargs) -> SweEnv:
         """An env over a JSONL file's tasks; the file's folder (gold patches) is hidden from
         sandboxed commands."""

@@ -1,9 +1,15 @@
 """Orbax checkpoints of the whole training state: keep the last k and the best, asynchronously.
 
-A checkpoint holds two items: ``state`` (a pytree of arrays: params, optimizer states, value model,
-step, RNG) and ``meta`` (JSON: curriculum state, data-iterator state, anything host-side). Orbax
-writes each step into a temporary directory and renames it when complete, so a crash or a failure
-mid-write leaves the previous checkpoint intact and loadable.
+A checkpoint holds two items: ``state`` (a pytree of arrays: the trainer saves params, optimizer
+states, the value model, the step counter and the frozen KL reference) and ``meta`` (JSON:
+phase, RL iteration, curriculum state, the SFT data-iterator state, evaluations). No RNG state is
+saved: the trainer derives every key from (seed, iteration), so a resumed run draws the same
+numbers. Orbax writes each step into a temporary directory and renames it when complete, so a
+crash or a failure mid-write leaves the previous checkpoint intact and loadable.
+
+A write that fails (disk full, read-only or vanished directory) raises
+:class:`CheckpointWriteError` naming the checkpoint's path, from ``save`` (synchronous writes, or
+the previous asynchronous write's failure) or ``wait``/``close`` (an asynchronous write).
 """
 
 from __future__ import annotations
@@ -15,6 +21,10 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as cm
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written; the message names its path and the cause."""
 
 
 class Checkpointer:
@@ -66,23 +76,46 @@ class Checkpointer:
         self._manager = ocp.CheckpointManager(
             self.directory, options=options, item_names=("state", "meta")
         )
+        self._writing: int | None = None  # the step an asynchronous write is under way for
+
+    def step_path(self, step: int) -> str:
+        """The directory checkpoint ``step`` is (or would be) written to."""
+        return os.path.join(self.directory, str(step))
+
+    def _failed(self, step: int, error: BaseException) -> CheckpointWriteError:
+        previous = self.latest_step()
+        kept = f"checkpoint {previous} is intact" if previous is not None else "none was complete"
+        return CheckpointWriteError(
+            f"cannot write checkpoint {step} to {self.step_path(step)}: "
+            f"{type(error).__name__}: {error} (the previous {kept})"
+        )
 
     def save(
         self, step: int, state: Any, meta: dict[str, Any], metrics: dict[str, float] | None = None
     ) -> None:
-        """Starts writing ``state`` and ``meta`` as checkpoint ``step``."""
+        """Starts writing ``state`` and ``meta`` as checkpoint ``step``.
+
+        Raises:
+          CheckpointWriteError: this write failed (synchronous), or the previous one did.
+        """
         metrics = {k: float(v) for k, v in (metrics or {}).items()}
         value = metrics.get(self.best_metric, self._worst)
         if not math.isfinite(value):
             value = self._worst
         metrics[self.best_metric] = value
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
-            ),
-            metrics=metrics,
-        )
+        self.wait()  # A failed asynchronous write surfaces here, before the next one starts.
+        self._writing = step
+        try:
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)
+                ),
+                metrics=metrics,
+            )
+        except Exception as e:  # Whatever the writer raised: the run cannot go on without it.
+            self._writing = None
+            raise self._failed(step, e) from e
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -109,6 +142,11 @@ class Checkpointer:
         )
         return restored.state, dict(restored.meta)
 
+    def read_meta(self, step: int) -> dict[str, Any]:
+        """Checkpoint ``step``'s JSON meta alone (no array is read)."""
+        restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored.meta)
+
     def restore_latest(self, abstract_state: Any) -> tuple[int, Any, dict[str, Any]] | None:
         """(step, state, meta) of the newest complete checkpoint, or None when there is none."""
         step = self.latest_step()
@@ -118,11 +156,23 @@ class Checkpointer:
         return step, state, meta
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        """Blocks until the write under way is complete.
+
+        Raises:
+          CheckpointWriteError: it failed (reported once; the checkpointer stays usable).
+        """
+        step, self._writing = self._writing, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:  # Whatever the background writer raised.
+            raise self._failed(step if step is not None else -1, e) from e
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for the write under way, then releases orbax's threads (even if it failed)."""
+        try:
+            self.wait()
+        finally:
+            self._manager.close()
 
 
 def _as_abstract(x):

@@ -15,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+import ml_collections
+
 from agentrl_jax import kernels
 from agentrl_jax.models.config import PRESETS, REMAT_POLICIES
 from agentrl_jax.training import budget as budget_lib
@@ -33,31 +35,127 @@ class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field and the valid choices."""
 
 
+# ----------------------------------------------------------------------------- checks
+
+
+def _choice(path: str, value: Any, choices) -> None:
+    if value not in choices:
+        raise ConfigError(f"{path} is {value!r}; valid choices: {sorted(choices)}")
+
+
+def _number(path: str, value: Any, ok, expected: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise ConfigError(f"{path} is {value!r}; expected {expected}")
+
+
+def _positive(path: str, value: float) -> None:
+    _number(path, value, lambda v: v > 0, "> 0")
+
+
+def _non_negative(path: str, value: float) -> None:
+    _number(path, value, lambda v: v >= 0, ">= 0")
+
+
+def _fraction(path: str, value: float) -> None:
+    _number(path, value, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
+
+
+def _integer(path: str, value: Any, low: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"{path} is {value!r}; expected an int >= {low}")
+
+
+def _microbatch(section: str, value: Any, batch_field: str, batch: int) -> None:
+    """``config.<section>.microbatch_size``: 0 or None (no split), or a divisor of the batch."""
+    path = f"config.{section}.microbatch_size"
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{path} is {value!r}; expected an int >= 0 (0: no microbatches)")
+    if value and batch % value:
+        raise ConfigError(
+            f"{path}={value} does not divide config.{section}.{batch_field}={batch}: a "
+            f"{batch_field} batch must split into whole microbatches; use a divisor of {batch} "
+            "(or 0 for no microbatches)"
+        )
+
+
+def _mapping(**kwargs) -> dataclasses.Field:
+    """A field given as a dict in the config (``{key: value}``), frozen as sorted pairs."""
+    return dataclasses.field(default=(), metadata={"mapping": True}, **kwargs)
+
+
+# ------------------------------------------------------------------- the sections
+#
+# The dataclasses below are the only definition of every default: ``base_config()``, which each
+# configs/*.py starts from, is generated from them, and a key a ConfigDict leaves out takes the
+# same value. Each section checks its own fields in ``__post_init__``; ``RunConfig`` checks the
+# combinations across sections.
+
+
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
     preset: str = "tiny"
     checkpoint: str = ""  # a local Hugging Face directory; empty: a fresh preset model
     tokenizer: str = ""  # a local tokenizer dir; empty: the checkpoint's, or built from env text
-    tokenizer_vocab: int = 2048
+    # The vocabulary of a tokenizer built from the env text (no checkpoint, no tokenizer given).
+    tokenizer_vocab: int = 1024
     template: str = "plain"
     dtype: str = "float32"
     remat: str = "none"  # what each layer keeps for the backward pass: REMAT_POLICIES
     scan_layers: bool = False  # the layers as one scanned stack (ModelConfig.scan_layers)
-    # Positions per LM-head call in the learner: its logits peak at [B, logits_chunk, V].
+    # The learner runs the LM head over this many positions at a time (and recomputes them in the
+    # backward pass), so its logits peak at [B, logits_chunk, V], never [B, T, V].
     logits_chunk: int = 256
-    overrides: tuple[tuple[str, Any], ...] = ()  # preset fields to change, e.g. num_layers=2
+    overrides: tuple[tuple[str, Any], ...] = _mapping()  # preset fields to change: num_layers=2
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            _choice("config.model.preset", self.preset, PRESETS)
+        _choice("config.model.dtype", self.dtype, DTYPES)
+        _choice("config.model.template", self.template, TEMPLATES)
+        _choice("config.model.remat", self.remat, REMAT_POLICIES)
+        if not isinstance(self.scan_layers, bool):
+            raise ConfigError(f"config.model.scan_layers is {self.scan_layers!r}; expected a bool")
+        _integer("config.model.logits_chunk", self.logits_chunk, 1)
+        if not self.checkpoint and not self.tokenizer:
+            from agentrl_jax.models.tokenizer import MIN_VOCAB_SIZE
+
+            if isinstance(self.tokenizer_vocab, bool) or not (
+                isinstance(self.tokenizer_vocab, int) and self.tokenizer_vocab >= MIN_VOCAB_SIZE
+            ):
+                raise ConfigError(
+                    f"config.model.tokenizer_vocab is {self.tokenizer_vocab!r}; expected an int "
+                    f">= {MIN_VOCAB_SIZE} (the tokenizer built from the env text holds the "
+                    "special tokens and 256 bytes)"
+                )
 
 
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
     name: str = "textworld"
-    kwargs: tuple[tuple[str, Any], ...] = ()
+    kwargs: tuple[tuple[str, Any], ...] = _mapping()  # the env's constructor arguments
     train_levels: tuple[str, ...] = ("simple",)
     eval_levels: tuple[str, ...] = ("simple", "medium")
     num_train_tasks: int = 200
     num_eval_tasks: int = 50
-    num_workers: int = 2
-    envs_per_worker: int = 8
+    num_workers: int = 2  # actor processes (0: one per CPU)
+    envs_per_worker: int = 16
+
+    def __post_init__(self):
+        from agentrl_jax.envs import registry
+
+        try:
+            registry.resolve(self.name)
+        except ValueError as e:
+            raise ConfigError(f"config.env.name: {e}") from e
+        for name in ("train_levels", "eval_levels"):
+            if not getattr(self, name):
+                raise ConfigError(f"config.env.{name} is empty; expected at least one level")
+        _integer("config.env.num_train_tasks", self.num_train_tasks, 1)
+        _integer("config.env.num_eval_tasks", self.num_eval_tasks, 1)
+        _integer("config.env.num_workers", self.num_workers, 0)
+        _integer("config.env.envs_per_worker", self.envs_per_worker, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,35 +169,50 @@ class SFTSection:
     ``batch_size``; 0 (or None): the whole batch at once.
     """
 
-    epochs: int = 2
+    epochs: int = 3
     batch_size: int = 16
     microbatch_size: int | None = 0
-    learning_rate: float = 1e-3
+    learning_rate: float = 2e-3
     warmup_steps: int = 10
     end_lr_fraction: float = 0.1
     group_by_length: int = 8
+
+    def __post_init__(self):
+        _integer("config.sft.epochs", self.epochs, 1)
+        _integer("config.sft.batch_size", self.batch_size, 1)
+        _microbatch("sft", self.microbatch_size, "batch_size", self.batch_size)
+        _positive("config.sft.learning_rate", self.learning_rate)
+        _integer("config.sft.warmup_steps", self.warmup_steps, 0)
+        _fraction("config.sft.end_lr_fraction", self.end_lr_fraction)
+        _integer("config.sft.group_by_length", self.group_by_length, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class BudgetSection:
     """Practitioner's-guide units: one SFT demonstration costs 10, one RL episode 1."""
 
-    total: int = 2000
+    total: int = 4000
     sft_fraction: float = 0.5
+
+    def __post_init__(self):
+        try:
+            budget_lib.from_config(self)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
 
 
 @dataclasses.dataclass(frozen=True)
 class RLSection:
-    algo: str = "grpo"
-    loss: str = "ppo"
+    algo: str = "grpo"  # a registered advantage estimator (kernels.advantage_estimators())
+    loss: str = "ppo"  # a registered policy loss (kernels.policy_losses())
     tasks_per_iteration: int = 8
-    epochs: int = 2
+    epochs: int = 1
     minibatch_size: int = 16
     # Rows per microbatch of a minibatch (gradient accumulation inside the jitted step: memory is
     # set by the microbatch, the update is the minibatch's); a divisor of minibatch_size, or 0
     # (or None) for the whole minibatch at once.
     microbatch_size: int | None = 0
-    actor_lr: float = 1e-4
+    actor_lr: float = 2e-4
     critic_lr: float = 1e-3
     max_grad_norm: float = 1.0
     gamma: float = 1.0
@@ -107,6 +220,8 @@ class RLSection:
     norm_by_std: bool = True
     step_weight: float = 1.0
     kl_coef: float = 0.0
+    # "loss": a KL term in the loss; "reward": a per-token reward penalty (an estimator that
+    # takes it: registered with kl_reward=True).
     kl_mode: str = "loss"
     entropy_coef: float = 0.0
     value_coef: float = 0.5
@@ -115,13 +230,65 @@ class RLSection:
     dual_clip: float | None = None
     ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
     aggregation: str = "token_mean"
-    value_clip: float | None = 0.2
-    kl_estimator: str = "k3"
-    kl_clamp: float | None = None
-    temperature: float = 1.0
+    value_clip: float | None = 0.2  # None: unclipped value loss
+    kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3"
+    kl_clamp: float | None = None  # clamp of the per-token KL estimate
+    temperature: float = 1.0  # > 0: rollouts sample (the learner divides the logits by it)
     top_p: float = 1.0
     top_k: int = 0
-    task_pool: str = "all"
+    task_pool: str = "all"  # or "unseen": only train games no SFT demonstration used
+
+    def __post_init__(self):
+        _choice("config.rl.algo", self.algo, kernels.advantage_estimators())
+        _choice("config.rl.loss", self.loss, kernels.policy_losses())
+        _choice("config.rl.kl_mode", self.kl_mode, KL_MODES)
+        _choice("config.rl.task_pool", self.task_pool, TASK_POOLS)
+        for name in ("actor_lr", "critic_lr", "max_grad_norm"):
+            _positive(f"config.rl.{name}", getattr(self, name))
+        for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
+            _integer(f"config.rl.{name}", getattr(self, name), 1)
+        _microbatch("rl", self.microbatch_size, "minibatch_size", self.minibatch_size)
+        for name in ("kl_coef", "entropy_coef", "value_coef"):
+            _non_negative(f"config.rl.{name}", getattr(self, name))
+        _number(
+            "config.rl.temperature",
+            self.temperature,
+            lambda v: v > 0,
+            "> 0: RL samples its rollouts and the learner divides the logits by the temperature "
+            "(greedy decoding is for evaluation)",
+        )
+        _number("config.rl.top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
+        _integer("config.rl.top_k", self.top_k, 0)
+        spec = kernels.get_advantage_spec(self.algo)
+        if self.ratio_level not in ("auto", *kernels.RATIO_LEVELS):
+            raise ConfigError(
+                f"config.rl.ratio_level={self.ratio_level!r}: expected 'auto' (the estimator's "
+                f"own: {spec.ratio_level!r} for {self.algo!r}) or one of {kernels.RATIO_LEVELS}"
+            )
+        if self.kl_mode == "reward" and not spec.kl_reward:
+            raise ConfigError(
+                f"config.rl.kl_mode='reward' needs an estimator that takes a per-token KL "
+                f"reward penalty; config.rl.algo={self.algo!r} does not (use kl_mode='loss', "
+                "or an estimator registered with kl_reward=True: "
+                f"{[n for n in kernels.advantage_estimators() if _takes_kl(n)]})"
+            )
+        try:
+            kernels.AdvantageConfig(gamma=self.gamma, lam=self.lam, step_weight=self.step_weight)
+            kernels.LossConfig(
+                clip_low=self.clip_low,
+                clip_high=self.clip_high,
+                dual_clip=self.dual_clip,
+                aggregation=self.aggregation,
+                value_clip=self.value_clip,
+                kl_estimator=self.kl_estimator,
+                kl_clamp=self.kl_clamp,
+            )
+        except ValueError as e:
+            raise ConfigError(f"config.rl: {e}") from e
+
+
+def _takes_kl(name: str) -> bool:
+    return kernels.get_advantage_spec(name).kl_reward
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,21 +296,45 @@ class EnvrlSection:
     enabled: bool = False
     sp_weight: float = 0.1
     id_weight: float = 0.1
-    horizon: int = 100
+    horizon: int = 0  # RL updates of the weights' cosine decay; 0: the whole RL phase
+
+    def __post_init__(self):
+        _non_negative("config.envrl.sp_weight", self.sp_weight)
+        _non_negative("config.envrl.id_weight", self.id_weight)
+        _integer("config.envrl.horizon", self.horizon, 0)
 
 
 @dataclasses.dataclass(frozen=True)
 class CheckpointSection:
     keep_last: int = 2
     keep_best: int = 1
-    every: int = 1
+    every: int = 5  # RL iterations between checkpoints (and always after the last one)
+
+    def __post_init__(self):
+        _integer("config.checkpoint.keep_last", self.keep_last, 1)
+        _integer("config.checkpoint.keep_best", self.keep_best, 0)
+        _integer("config.checkpoint.every", self.every, 1)
 
 
-@dataclasses.dataclass(frozen=True)
+# Each section of the config and the dataclass it is frozen into (``curriculum`` is built apart:
+# its ``stages`` default to the env's train levels).
+SECTIONS: dict[str, type] = {
+    "model": ModelSection,
+    "env": EnvSection,
+    "rollout": RolloutConfig,
+    "sft": SFTSection,
+    "budget": BudgetSection,
+    "rl": RLSection,
+    "envrl": EnvrlSection,
+    "checkpoint": CheckpointSection,
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    seed: int
+    seed: int = 0
     model: ModelSection
-    mesh: tuple[int, int, int]
+    mesh: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tp); the product is the device count
     env: EnvSection
     rollout: RolloutConfig
     curriculum: CurriculumConfig
@@ -152,8 +343,72 @@ class RunConfig:
     rl: RLSection
     envrl: EnvrlSection
     checkpoint: CheckpointSection
-    eval_every: int
+    eval_every: int = 0  # RL iterations between held-out evaluations (0: only before and after)
+    # Modules imported before validation: they register estimators, losses or envs by name
+    # (docs/custom_losses.md), e.g. --config.plugins="('my_losses',)".
     plugins: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        """The checks across sections (each section checked its own fields)."""
+        _integer("config.seed", self.seed, 0)
+        _integer("config.eval_every", self.eval_every, 0)
+        if len(self.mesh) != 3 or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in self.mesh
+        ):
+            raise ConfigError(
+                f"config.mesh is {self.mesh}; expected three positive sizes (data, fsdp, tp)"
+            )
+        rl, rollout, env = self.rl, self.rollout, self.env
+        spec = kernels.get_advantage_spec(rl.algo)
+        if spec.needs_values and rollout.context_mode != "episode":
+            raise ConfigError(
+                f"config.rl.algo={rl.algo!r} uses a critic over the whole trajectory; it needs "
+                f"config.rollout.context_mode='episode' (got {rollout.context_mode!r})"
+            )
+        if spec.needs_groups and rollout.group_size < 2:
+            raise ConfigError(
+                f"config.rl.algo={rl.algo!r} compares rollouts within a group; it needs "
+                f"config.rollout.group_size >= 2 (got {rollout.group_size})"
+            )
+        episodes = rl.tasks_per_iteration * rollout.group_size
+        if rl.minibatch_size > episodes:
+            raise ConfigError(
+                f"config.rl.minibatch_size={rl.minibatch_size} is more than an iteration's "
+                f"{episodes} episodes (config.rl.tasks_per_iteration={rl.tasks_per_iteration} x "
+                f"config.rollout.group_size={rollout.group_size}): RL would never update"
+            )
+        capacity = env.num_workers * env.envs_per_worker
+        if env.num_workers and rollout.group_size > capacity:
+            raise ConfigError(
+                f"config.rollout.group_size={rollout.group_size} does not fit the actor pool: "
+                f"config.env.num_workers={env.num_workers} x "
+                f"config.env.envs_per_worker={env.envs_per_worker} = {capacity} episodes at once"
+            )
+        split = budget_lib.from_config(self.budget)
+        if split.num_rl_episodes and not split.rl_iterations(episodes):
+            raise ConfigError(
+                f"config.budget leaves {split.num_rl_episodes} RL episodes, fewer than one "
+                f"iteration's {episodes} (config.rl.tasks_per_iteration x "
+                "config.rollout.group_size): raise config.budget.total or lower "
+                "config.budget.sft_fraction, or set sft_fraction=1.0 for no RL"
+            )
+        if rl.task_pool == "unseen" and env.num_train_tasks <= split.num_demos:
+            raise ConfigError(
+                f"config.rl.task_pool='unseen' plays train games no demonstration used, but "
+                f"config.env.num_train_tasks={env.num_train_tasks} games per level leave none "
+                f"after the budget's {split.num_demos} demonstrations; raise num_train_tasks "
+                f"above {split.num_demos}"
+            )
+        if rollout.constrain_actions:
+            from agentrl_jax.envs import registry
+
+            if registry.lists_admissible_commands(env.name, dict(env.kwargs)) is False:
+                raise ConfigError(
+                    "config.rollout.constrain_actions=True writes one of the env's admissible "
+                    f"commands, but config.env.name={env.name!r} with config.env.kwargs="
+                    f"{dict(env.kwargs)} lists none (set constrain_actions=False, or turn the "
+                    "env's admissible commands on)"
+                )
 
     @property
     def needs_critic(self) -> bool:
@@ -190,6 +445,37 @@ class RunConfig:
         )
 
 
+def _defaults(cls) -> dict[str, Any]:
+    """The default of every field of dataclass ``cls`` that has one, as a config value (a
+    mapping field as a dict)."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            value = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            value = f.default_factory()
+        else:
+            continue
+        out[f.name] = dict(value) if f.metadata.get("mapping") else value
+    return out
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """The defaults every ``configs/<name>.py`` starts from, generated from the dataclasses."""
+    c = ml_collections.ConfigDict()
+    top = _defaults(RunConfig)
+    for name in ("seed", "mesh", "eval_every", "plugins"):
+        c[name] = top[name]
+    for name in ("model", "env", "rollout"):
+        c[name] = _defaults(SECTIONS[name])
+    curriculum = _defaults(CurriculumConfig)
+    # Empty stages: one stage over config.env.train_levels; empty stage_iterations: None.
+    c.curriculum = dict(curriculum, stages=[], stage_iterations=())
+    for name in ("sft", "budget", "rl", "envrl", "checkpoint"):
+        c[name] = _defaults(SECTIONS[name])
+    return c
+
+
 def _section(cls, cd, path: str):
     """Builds dataclass ``cls`` from ConfigDict ``cd``; unknown keys are errors."""
     values = dict(cd) if cd is not None else {}
@@ -206,33 +492,10 @@ def _section(cls, cd, path: str):
         out[name] = value
     try:
         return cls(**out)
+    except ConfigError:
+        raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{path}: {e}") from e
-
-
-def _choice(path: str, value: Any, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"{path} is {value!r}; valid choices: {sorted(choices)}")
-
-
-def _positive(path: str, value: float) -> None:
-    if not value > 0:
-        raise ConfigError(f"{path} is {value!r}; expected > 0")
-
-
-def _microbatch(section: str, value: Any, batch_field: str, batch: int) -> None:
-    """``config.<section>.microbatch_size``: 0 or None (no split), or a divisor of the batch."""
-    path = f"config.{section}.microbatch_size"
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{path} is {value!r}; expected an int >= 0 (0: no microbatches)")
-    if value and batch % value:
-        raise ConfigError(
-            f"{path}={value} does not divide config.{section}.{batch_field}={batch}: a "
-            f"{batch_field} batch must split into whole microbatches; use a divisor of {batch} "
-            "(or 0 for no microbatches)"
-        )
 
 
 def import_plugins(names) -> tuple[str, ...]:
@@ -283,119 +546,43 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     """Validates a ConfigDict and freezes it into a RunConfig (no compute happens here).
 
     The modules in ``cd.plugins`` are imported first, so the estimators and losses they register
-    are valid names for ``rl.algo`` and ``rl.loss``.
+    are valid names for ``rl.algo`` and ``rl.loss``. A key ``cd`` leaves out takes its default
+    (the dataclass field's, as in ``base_config()``).
     """
     plugins = import_plugins(tuple(cd.get("plugins", ()) or ()))
-    model = _section(ModelSection, cd.get("model"), "config.model")
-    if not model.checkpoint:
-        _choice("config.model.preset", model.preset, PRESETS)
-    _choice("config.model.dtype", model.dtype, DTYPES)
-    _choice("config.model.template", model.template, TEMPLATES)
-    _choice("config.model.remat", model.remat, REMAT_POLICIES)
-    if not isinstance(model.scan_layers, bool):
-        raise ConfigError(f"config.model.scan_layers is {model.scan_layers!r}; expected a bool")
-    if isinstance(model.logits_chunk, bool) or not isinstance(model.logits_chunk, int):
-        raise ConfigError(f"config.model.logits_chunk is {model.logits_chunk!r}; expected an int")
-    _positive("config.model.logits_chunk", model.logits_chunk)
-    env = _section(EnvSection, cd.get("env"), "config.env")
-    rollout = _section(RolloutConfig, cd.get("rollout"), "config.rollout")
-    sft = _section(SFTSection, cd.get("sft"), "config.sft")
-    budget = _section(BudgetSection, cd.get("budget"), "config.budget")
-    rl = _section(RLSection, cd.get("rl"), "config.rl")
-    envrl = _section(EnvrlSection, cd.get("envrl"), "config.envrl")
-    ckpt = _section(CheckpointSection, cd.get("checkpoint"), "config.checkpoint")
-
-    _choice("config.rl.algo", rl.algo, kernels.advantage_estimators())
-    _choice("config.rl.loss", rl.loss, kernels.policy_losses())
-    _choice("config.rl.kl_mode", rl.kl_mode, KL_MODES)
-    _choice("config.rl.task_pool", rl.task_pool, TASK_POOLS)
-    for name in ("actor_lr", "critic_lr", "max_grad_norm"):
-        _positive(f"config.rl.{name}", getattr(rl, name))
-    for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
-        _positive(f"config.rl.{name}", getattr(rl, name))
-    _microbatch("rl", rl.microbatch_size, "minibatch_size", rl.minibatch_size)
-    _microbatch("sft", sft.microbatch_size, "batch_size", sft.batch_size)
-    _positive("config.sft.learning_rate", sft.learning_rate)
-    if not 0.0 <= sft.end_lr_fraction <= 1.0:
-        raise ConfigError(f"config.sft.end_lr_fraction is {sft.end_lr_fraction}; expected [0, 1]")
-    if sft.group_by_length < 0:
-        raise ConfigError(f"config.sft.group_by_length is {sft.group_by_length}; expected >= 0")
-    if not 0.0 <= budget.sft_fraction <= 1.0:
-        raise ConfigError(f"config.budget.sft_fraction is {budget.sft_fraction}; expected [0, 1]")
+    keys = sorted(f.name for f in dataclasses.fields(RunConfig))
+    unknown = sorted(set(cd.keys()) - set(keys))
+    if unknown:
+        raise ConfigError(f"config: unknown key(s) {unknown}; valid keys: {keys}")
+    top = _defaults(RunConfig)
+    sections = {
+        name: _section(cls, cd.get(name), f"config.{name}") for name, cls in SECTIONS.items()
+    }
+    cur = dict(cd.get("curriculum") or {})
     try:
-        num_demos = budget_lib.from_config(budget).num_demos
-    except ValueError as e:
-        raise ConfigError(str(e)) from e
-    if rl.task_pool == "unseen" and env.num_train_tasks <= num_demos:
-        raise ConfigError(
-            f"config.rl.task_pool='unseen' plays train games no demonstration used, but "
-            f"config.env.num_train_tasks={env.num_train_tasks} games per level leave none after "
-            f"the budget's {num_demos} demonstrations; raise num_train_tasks above {num_demos}"
-        )
-    spec = kernels.get_advantage_spec(rl.algo)
-    if spec.needs_values and rollout.context_mode != "episode":
-        raise ConfigError(
-            f"config.rl.algo={rl.algo!r} uses a critic over the whole trajectory; it needs "
-            f"config.rollout.context_mode='episode' (got {rollout.context_mode!r})"
-        )
-    if spec.needs_groups and rollout.group_size < 2:
-        raise ConfigError(
-            f"config.rl.algo={rl.algo!r} compares rollouts within a group; it needs "
-            f"config.rollout.group_size >= 2 (got {rollout.group_size})"
-        )
-    if rl.ratio_level not in ("auto", *kernels.RATIO_LEVELS):
-        raise ConfigError(
-            f"config.rl.ratio_level={rl.ratio_level!r}: expected 'auto' (the estimator's own: "
-            f"{spec.ratio_level!r} for {rl.algo!r}) or one of {kernels.RATIO_LEVELS}"
-        )
-    try:
-        kernels.AdvantageConfig(gamma=rl.gamma, lam=rl.lam, step_weight=rl.step_weight)
-        kernels.LossConfig(
-            clip_low=rl.clip_low,
-            clip_high=rl.clip_high,
-            dual_clip=rl.dual_clip,
-            aggregation=rl.aggregation,
-            value_clip=rl.value_clip,
-            kl_estimator=rl.kl_estimator,
-            kl_clamp=rl.kl_clamp,
-        )
-    except ValueError as e:
-        raise ConfigError(f"config.rl: {e}") from e
-
-    cur = cd.get("curriculum") or {}
-    stages = cur.get("stages") or [[(level, 1.0) for level in env.train_levels]]
-    try:
-        curriculum = CurriculumConfig(
-            stages=tuple(tuple((str(lv), float(w)) for lv, w in stage) for stage in stages),
-            stage_iterations=(
-                tuple(cur["stage_iterations"]) if cur.get("stage_iterations") else None
-            ),
-            advance_at=cur.get("advance_at"),
-            window=int(cur.get("window", 64)),
-        )
+        stages = cur.get("stages") or [[(level, 1.0) for level in sections["env"].train_levels]]
+        cur["stages"] = tuple(tuple((str(lv), float(w)) for lv, w in stage) for stage in stages)
+        iterations = cur.get("stage_iterations")
+        cur["stage_iterations"] = tuple(iterations) if iterations else None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.curriculum: {e}") from e
-
-    mesh = tuple(int(x) for x in cd.get("mesh", (1, 1, 1)))
-    if len(mesh) != 3 or any(x < 1 for x in mesh):
-        raise ConfigError(f"config.mesh is {mesh}; expected three positive sizes (data, fsdp, tp)")
-    if num_devices is not None and mesh[0] * mesh[1] * mesh[2] != num_devices:
-        raise ConfigError(
-            f"config.mesh={mesh} needs {mesh[0] * mesh[1] * mesh[2]} devices; this run has "
-            f"{num_devices} (the product of (data, fsdp, tp) must equal the device count)"
-        )
-    return RunConfig(
-        seed=int(cd.get("seed", 0)),
-        model=model,
+    curriculum = _section(CurriculumConfig, cur, "config.curriculum")
+    try:
+        mesh = tuple(int(x) for x in cd.get("mesh", top["mesh"]))
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.mesh is {cd.get('mesh')!r}; expected three ints") from e
+    run = RunConfig(
+        seed=cd.get("seed", top["seed"]),
         mesh=mesh,
-        env=env,
-        rollout=rollout,
         curriculum=curriculum,
-        sft=sft,
-        budget=budget,
-        rl=rl,
-        envrl=envrl,
-        checkpoint=ckpt,
-        eval_every=int(cd.get("eval_every", 0)),
+        eval_every=cd.get("eval_every", top["eval_every"]),
         plugins=plugins,
+        **sections,
     )
+    size = mesh[0] * mesh[1] * mesh[2]
+    if num_devices is not None and size != num_devices:
+        raise ConfigError(
+            f"config.mesh={mesh} needs {size} devices; this run has {num_devices} (the product "
+            "of (data, fsdp, tp) must equal the device count)"
+        )
+    return run

@@ -124,6 +124,7 @@ class Learner:
       microbatch_size: rows per microbatch of a train step's batch (gradient accumulation
         inside the jitted step; it must divide the batch's rows), or None / 0 for the whole
         batch at once. The update is the whole batch's either way.
+      mesh: the device mesh the state and batches live on, or None for the default device.
     """
 
     def __init__(
@@ -140,6 +141,7 @@ class Learner:
         temperature: float = 1.0,
         logits_chunk: int = 256,
         microbatch_size: int | None = None,
+        mesh: jax.sharding.Mesh | None = None,
     ):
         if not temperature > 0:
             raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
@@ -160,57 +162,83 @@ class Learner:
         self.policy_loss_fn = kernels.get_policy_loss(policy_loss)
         self.weights = weights or LossWeights()
         self.envrl = envrl
+        self.mesh = mesh
+        # The state's layout, from its shapes alone: the train steps are compiled with exactly
+        # these output shardings, and ``init`` creates the state in them.
+        self.state_shardings = None
+        if mesh is not None:
+            self.state_shardings = self._shardings(self.abstract_state(policy, value_model))
+        out = {} if mesh is None else {"out_shardings": (self.state_shardings, None)}
         # Donating the state lets XLA write the new parameters and moments into the old buffers.
-        self.sft_step = jax.jit(self._sft_step, donate_argnums=0)
-        self.rl_step = jax.jit(self._rl_step, donate_argnums=0)
+        self.sft_step = jax.jit(self._sft_step, donate_argnums=0, **out)
+        self.rl_step = jax.jit(self._rl_step, donate_argnums=0, **out)
+        self.rl_update = jax.jit(self._rl_update, donate_argnums=0, **out)
         self.policy_logprobs = jax.jit(self._policy_logprobs)
-        self.mesh: jax.sharding.Mesh | None = None
+        self.score = jax.jit(self._score, static_argnames="rows_per_chunk")
         self.values = jax.jit(self._values)
 
     # ---------------------------------------------------------------- state
 
-    def init(
-        self,
-        policy: nnx.Module,
-        value_model: nnx.Module | None = None,
-        mesh: jax.sharding.Mesh | None = None,
-    ) -> TrainState:
-        """A fresh state from the modules' parameters, laid out on ``mesh`` when given.
+    def init(self, policy: nnx.Module, value_model: nnx.Module | None = None) -> TrainState:
+        """A fresh state from the modules' parameters, laid out on the Learner's mesh.
 
-        The parameters are copied: train steps donate the state's buffers, and the modules (and
-        anything else holding their arrays) must stay usable. On a mesh, each parameter takes
-        the layout of the logical-axis rules (``agentrl_jax.sharding``), the optimizer moments
-        inherit it, and the train steps are compiled with exactly these output shardings.
+        One compiled program copies the parameters (train steps donate the state's buffers,
+        and the modules must stay usable) and creates the optimizer moments, each array in its
+        layout (``state_shardings``): the logical-axis rules for parameters, the same for their
+        moments, scalars replicated.
         """
+        out = {} if self.mesh is None else {"out_shardings": self.state_shardings}
+        return jax.jit(self._new_state, **out)(_params(policy), _params(value_model))
 
-        def place(module):
-            params = nnx.state(module, nnx.Param)
-            if mesh is None:
-                return jax.tree.map(jnp.copy, params)
-            return jax.device_put(params, sharding.state_shardings(params, mesh))
+    def abstract_state(
+        self, policy: nnx.Module, value_model: nnx.Module | None = None
+    ) -> TrainState:
+        """The state ``init`` would make, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh).
 
-        policy_state = place(policy)
-        value_state = None if value_model is None else place(value_model)
-        state = TrainState(
-            step=jnp.zeros((), jnp.int32),
-            policy=policy_state,
-            policy_opt=jax.jit(self.actor_tx.init)(policy_state),
-            value=value_state,
-            value_opt=None if value_state is None else jax.jit(self.critic_tx.init)(value_state),
+        Nothing is allocated: a restore target, or the shapes of a plan.
+        """
+        abstract = jax.eval_shape(self._new_state, _params(policy), _params(value_model))
+        if self.mesh is None:
+            return abstract
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract,
+            self._shardings(abstract),
         )
-        if mesh is not None:
-            self.mesh = mesh
-            # Scalars (step, optimizer counts) are replicated over the mesh with the rest.
-            replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-            state = jax.tree.map(
-                lambda x: x if _on_mesh(x, mesh) else jax.device_put(x, replicated), state
+
+    def _new_state(self, policy_params, value_params) -> TrainState:
+        copy = functools.partial(jax.tree.map, jnp.copy)
+        return TrainState(
+            step=jnp.zeros((), jnp.int32),
+            policy=copy(policy_params),
+            policy_opt=self.actor_tx.init(policy_params),
+            value=None if value_params is None else copy(value_params),
+            value_opt=None if value_params is None else self.critic_tx.init(value_params),
+        )
+
+    def _shardings(self, abstract: TrainState) -> TrainState:
+        """Each parameter by the logical-axis rules, its moments alike, the rest replicated."""
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def params_and_moments(params, opt, tx):
+            if params is None:
+                return None, None
+            # One sharding per parameter, in the parameters' own tree (Variables and all), so
+            # optax can pair it with each copy of the parameters in the optimizer state.
+            shardings = jax.tree.unflatten(
+                jax.tree.structure(params),
+                jax.tree.leaves(sharding.state_shardings(params, self.mesh)),
             )
-            shardings = jax.tree.map(lambda x: x.sharding, state)
-            self.sft_step = jax.jit(
-                self._sft_step, donate_argnums=0, out_shardings=(shardings, None)
+            moments = optax.tree_map_params(
+                tx, lambda _, s: s, opt, shardings, transform_non_params=lambda _: replicated
             )
-            self.rl_step = jax.jit(self._rl_step, donate_argnums=0, out_shardings=(shardings, None))
-        return state
+            return shardings, moments
+
+        policy, policy_opt = params_and_moments(abstract.policy, abstract.policy_opt, self.actor_tx)
+        value, value_opt = params_and_moments(abstract.value, abstract.value_opt, self.critic_tx)
+        return TrainState(
+            step=replicated, policy=policy, policy_opt=policy_opt, value=value, value_opt=value_opt
+        )
 
     def place_batch(self, batch: dict[str, Any]) -> dict[str, jax.Array]:
         """Puts a batch on the devices, rows split over the mesh's (data, fsdp) axes.
@@ -231,6 +259,18 @@ class Learner:
                 host = np.asarray(v)
                 out[k] = jax.make_array_from_callback(host.shape, named, lambda i, h=host: h[i])
         return out
+
+    def place_replicated(self, tree: Any) -> Any:
+        """Puts host arrays on the devices whole (every device a copy), e.g. a shuffle plan."""
+        if self.mesh is None:
+            return jax.tree.map(jnp.asarray, tree)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+
+        def put(x):
+            x = np.asarray(x)
+            return jax.make_array_from_callback(x.shape, replicated, lambda i: x[i])
+
+        return jax.tree.map(put, tree)
 
     def policy_module(self, state: TrainState) -> nnx.Module:
         return nnx.merge(self.policy_graphdef, state.policy)
@@ -266,6 +306,37 @@ class Learner:
     def _values(self, value_state, batch):
         model = nnx.merge(self.value_graphdef, value_state)
         return shift_right(model(batch["tokens"], mask_bt=batch["mask"]))
+
+    def _score(self, policy_state, ref_state, value_state, batch, *, rows_per_chunk: int):
+        """What the update needs of the rollout's models, in one program over the whole batch.
+
+        Returns {"old_logprobs": [R, T]} and, when their states are given, "ref_logprobs" [R, T]
+        and "old_values" [R, T]; ``rows_per_chunk`` rows go through the models at a time (a
+        ``lax.map`` over strided row chunks, as the microbatches of a step), so activation
+        memory is a chunk's, and nothing returns to the host in between.
+        """
+        inputs = {k: batch[k] for k in ("tokens", "mask", "allowed") if k in batch}
+        rows = inputs["tokens"].shape[0]
+        size = min(rows_per_chunk, rows)
+        n = rows // size
+        if rows % size:
+            raise ValueError(
+                f"Learner.score: rows_per_chunk={rows_per_chunk} does not divide the batch's "
+                f"{rows} rows"
+            )
+
+        def one(chunk):
+            out = {"old_logprobs": self._policy_logprobs(policy_state, chunk)}
+            if ref_state is not None:
+                out["ref_logprobs"] = self._policy_logprobs(ref_state, chunk)
+            if value_state is not None:
+                out["old_values"] = self._values(value_state, chunk)
+            return out
+
+        if n == 1:
+            return one(inputs)
+        out = jax.lax.map(one, {k: _split_rows(v, n) for k, v in inputs.items()})
+        return jax.tree.map(_merge_rows, out)
 
     # ---------------------------------------------------------------- losses
     #
@@ -487,6 +558,40 @@ class Learner:
         )
         return new, metrics
 
+    def _rl_update(self, state: TrainState, batch, index_ur, per_update):
+        """One RL update: a train step per minibatch, scanned on device.
+
+        Args:
+          state: the train state (donated).
+          batch: the update's whole batch, [R, ...] arrays, placed on the devices once.
+          index_ur: [U, M] int32, the rows of each of the U minibatches in order (the host draws
+            the shuffle, so the update is the one of U ``rl_step`` calls on ``batch[index_u]``).
+          per_update: dict of [U, ...] arrays each step sees its slice of (ENVRL's examples and
+            schedule step), or {}.
+
+        Returns:
+          (state, metrics): metrics of every step, [U] arrays (one transfer to the host).
+        """
+
+        def step(state, xs):
+            index_r, extra = xs
+            minibatch = {k: jnp.take(v, index_r, axis=0) for k, v in batch.items()}
+            minibatch = self._constrain_rows({**minibatch, **extra})
+            return self._rl_step(state, minibatch)
+
+        return jax.lax.scan(step, state, (index_ur, per_update))
+
+    def _constrain_rows(self, batch):
+        """On a mesh: rows split over the (data, fsdp) axes, as ``place_batch`` lays them out."""
+        if self.mesh is None:
+            return batch
+        return {
+            k: jax.lax.with_sharding_constraint(
+                v, sharding.named_sharding(self.mesh, _batch_axes(v), v.shape)
+            )
+            for k, v in batch.items()
+        }
+
 
 def _total(terms, denominators=None) -> jax.Array:
     """sum_k c_k * numerator_k / denominator_k over ``terms`` (name -> (c_k, Weighted)).
@@ -523,8 +628,8 @@ def _merge_rows(x_nm: jax.Array) -> jax.Array:
     return jnp.swapaxes(x_nm, 0, 1).reshape(-1, *x_nm.shape[2:])
 
 
-def _on_mesh(x: jax.Array, mesh: jax.sharding.Mesh) -> bool:
-    return isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
+def _params(module: nnx.Module | None):
+    return None if module is None else nnx.state(module, nnx.Param)
 
 
 def _batch_axes(x) -> tuple[str | None, ...]:

@@ -2,7 +2,9 @@
 
 Whole-episode mode: one row per trajectory; the kernels' Batch is built over those rows directly
 (loss mask and step ids of the tokens, rewards per step), so token-level GAE runs over the agent
-tokens of the whole trajectory.
+tokens of the whole trajectory. Rows built with ``bootstrap=True`` (runs with a critic) carry a
+truncated episode's final observation, and GAE bootstraps from the critic's value after it
+(``trajectory.episode_rows``, ``kernels.token_gae``).
 
 Step-wise mode: one row per step, but credit is assigned per trajectory: a step-level Batch with
 one pseudo-token per step (loss mask = step mask, step id = the step) gives ``Advantages.steps``
@@ -22,6 +24,7 @@ from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.training.trajectory import (
     TokenRows,
     Trajectory,
+    episode_row_length,
     episode_rows,
     step_arrays,
     step_rows,
@@ -47,13 +50,19 @@ class RLRows:
     step_of_row: np.ndarray | None  # step-wise mode: the step index of each row
 
 
-def build_rows(trajs: list[Trajectory], mode: str, pad_id: int, row_multiple: int) -> RLRows:
-    """Token rows padded to a length bucket and to a multiple of ``row_multiple`` rows."""
+def build_rows(
+    trajs: list[Trajectory], mode: str, pad_id: int, row_multiple: int, bootstrap: bool = False
+) -> RLRows:
+    """Token rows padded to a length bucket and to a multiple of ``row_multiple`` rows.
+
+    ``bootstrap`` (whole-episode mode, for a critic): truncated episodes' rows also hold the
+    state after their last action (see ``trajectory.episode_rows``).
+    """
     num_steps = max(len(t.steps) for t in trajs)
     arrays = step_arrays(trajs, num_steps)
     if mode == "episode":
-        longest = max(t.num_tokens for t in trajs)
-        rows = episode_rows(trajs, length_bucket(longest), pad_id)
+        longest = max(episode_row_length(t, bootstrap) for t in trajs)
+        rows = episode_rows(trajs, length_bucket(longest), pad_id, bootstrap)
         step_of_row = None
     else:
         longest = max(len(s.prompt_ids) + len(s.action_ids) for t in trajs for s in t.steps)
@@ -81,6 +90,7 @@ def _pad_rows(rows: TokenRows, num_rows: int, pad_id: int) -> TokenRows:
         old_logprobs=pad(rows.old_logprobs, 0),
         traj_index=pad(rows.traj_index, -1),
         allowed=pad(rows.allowed, -1),
+        bootstrap_pos=pad(rows.bootstrap_pos, -1),
     )
 
 
@@ -93,11 +103,19 @@ def advantages(
     values: np.ndarray | None = None,
     kl: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """Token advantages [R, T] for the rows (and value targets [R, T] for gae, else None)."""
+    """Token advantages [R, T] for the rows (and value targets [R, T] for gae, else None).
+
+    With ``values``, rows built with ``bootstrap=True`` give the kernels the critic's value of
+    the state after a truncated episode's last action (0 for terminal episodes).
+    """
     spec = kernels.get_advantage_spec(algo)
     rows, arrays = rl.rows, rl.arrays
     if rl.step_of_row is None:
         n = num_trajs
+        bootstrap = None
+        pos = rows.bootstrap_pos[:n]
+        if values is not None:  # always an array then: one compiled shape with or without cuts
+            bootstrap = np.where(pos >= 0, values[np.arange(n), np.maximum(pos, 0)], 0.0)
         batch = kernels.make_batch(
             loss_mask=rows.loss_mask[:n],
             step_ids=rows.step_ids[:n],
@@ -105,6 +123,7 @@ def advantages(
             step_mask=arrays.step_mask,
             group_ids=arrays.group_ids,
             state_keys=arrays.state_keys,
+            bootstrap_values=bootstrap,
         )
         out = spec.fn(
             batch,

@@ -4,6 +4,11 @@ Token-in, token-out. Each observation is rendered to text and encoded once, as i
 model (``ChatTemplate.turn_ids``); the actions are the sampler's own ids. The environment receives
 decoded text, but nothing trained on is ever re-encoded from decoded text.
 
+Each step keeps its newest observation's ids (``Step.obs_ids``) and each episode the observation
+after its last action (``Trajectory.final_obs_ids``). An episode is ``truncated`` when a limit
+cut it: the rollout's ``max_turns`` or context length (below), or the environment's own step
+limit (its step info says ``truncated``).
+
 Context modes:
 
 - ``episode``: one KV cache per episode kept across turns; each turn prefills only the new
@@ -47,13 +52,15 @@ class RolloutConfig:
       observation's admissible commands (closed with the stop token). Every draw is from the
       policy masked to the tokens that continue an admissible command; the allowed ids are
       stored with the action so the learner normalises over the same set. Observations without
-      admissible commands leave the turn unconstrained.
+      admissible commands leave the turn unconstrained; an env that never lists any is a config
+      error, and an admissible command that does not fit ``max_new_tokens`` with its stop token
+      stops the rollout with an error naming it and its length (it is never cut).
     """
 
-    group_size: int = 1
-    max_turns: int = 10
-    max_new_tokens: int = 16
-    max_seq_len: int = 1024
+    group_size: int = 4
+    max_turns: int = 12
+    max_new_tokens: int = 12
+    max_seq_len: int = 1536
     context_mode: str = "episode"
     history_turns: int = 2
     system_prompt: str = "You are playing a text game. Reply with one command."
@@ -68,6 +75,13 @@ class RolloutConfig:
         for name in ("group_size", "max_turns", "max_new_tokens", "max_seq_len"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} is {getattr(self, name)}; expected >= 1")
+        if self.history_turns < 0:
+            raise ValueError(f"rollout.history_turns is {self.history_turns}; expected >= 0")
+        if self.max_new_tokens >= self.max_seq_len:
+            raise ValueError(
+                f"rollout.max_new_tokens={self.max_new_tokens} leaves no room for a prompt in "
+                f"rollout.max_seq_len={self.max_seq_len}; expected max_new_tokens < max_seq_len"
+            )
 
 
 def render_observation(
@@ -203,7 +217,7 @@ class RolloutWorker:
             pending_ids.append(self._obs_ids(res.observation, first=True))
             choices[i] = self._choices(res.observation)
             if cfg.context_mode == "step":
-                headers[i] = self._header_ids(res.observation)
+                headers[i] = trajs[i].header_ids = self._header_ids(res.observation)
             trajs[i].steps.append(_empty_step(res.info))
 
         cache = None
@@ -224,6 +238,7 @@ class RolloutWorker:
                     if used[i] + len(ids) + cfg.max_new_tokens > cfg.max_seq_len:
                         trajs[i].truncated = True
                         trajs[i].steps.pop()  # the observation that did not fit gets no action
+                        trajs[i].final_obs_ids = pending_ids[i]
                         live[i] = False
                         feed.append([])
                         continue
@@ -270,6 +285,7 @@ class RolloutWorker:
                     continue
                 step = trajs[i].steps[-1]
                 step.prompt_ids = feed[i]
+                step.obs_ids = pending_ids[i]
                 step.action_ids = actions_ids[i]
                 step.action_logprobs = logprobs[i, : len(actions_ids[i])].tolist()
                 if allowed is not None:
@@ -290,11 +306,16 @@ class RolloutWorker:
                 step.reward = float(res.reward)
                 step.done = bool(res.done)
                 step.info = {**step.info, **_step_info(res.info)}
+                if res.observation is not None:
+                    pending_ids[i] = self._obs_ids(res.observation, first=False)
                 if res.done:
                     trajs[i].won = bool(res.info.get("won", False))
+                    # The environment's own step limit cuts the episode; it did not end it.
+                    trajs[i].truncated = bool(res.info.get("truncated", False))
+                    if res.observation is not None:
+                        trajs[i].final_obs_ids = pending_ids[i]
                     live[i] = False
                     continue
-                pending_ids[i] = self._obs_ids(res.observation, first=False)
                 choices[i] = self._choices(res.observation)
                 trajs[i].steps.append(_empty_step(res.info))
         for i, traj in enumerate(trajs):
@@ -302,6 +323,7 @@ class RolloutWorker:
             if live[i] and traj.steps and not traj.steps[-1].action_ids:
                 traj.steps.pop()
                 traj.truncated = True
+                traj.final_obs_ids = pending_ids[i]
         return trajs
 
     def _step_context(self, header, history, obs_ids, traj) -> list[int]:
@@ -324,10 +346,18 @@ class RolloutWorker:
         if not self.config.constrain_actions or not obs.admissible_commands:
             return None
         stop = self.template.stop_id(self.tokenizer)
-        return [
-            self.tokenizer.encode(c, add_special_tokens=False) + [stop]
-            for c in obs.admissible_commands
-        ]
+        choices = []
+        for command in obs.admissible_commands:
+            ids = self.tokenizer.encode(command, add_special_tokens=False) + [stop]
+            if len(ids) > self.config.max_new_tokens:
+                # Never cut: a cut command is a different command (or none) to the env.
+                raise ValueError(
+                    f"admissible command {command!r} is {len(ids)} tokens with its stop token; "
+                    f"config.rollout.max_new_tokens={self.config.max_new_tokens} cannot write it "
+                    f"whole under constrained decoding: raise max_new_tokens to >= {len(ids)}"
+                )
+            choices.append(ids)
+        return choices
 
     def _expert_ids(self, info) -> list[int]:
         action = info.get("expert_action")

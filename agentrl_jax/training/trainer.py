@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import json
 import math
 import os
 import pathlib
@@ -42,13 +41,14 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
+from agentrl_jax.training import envrl_data, multihost, sft_data
 from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training import multihost, rl_batch, sft_data
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
 from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.curriculum import Curriculum
 from agentrl_jax.training.learner import Learner, LossWeights
+from agentrl_jax.training.rl_update import RLUpdate
 from agentrl_jax.training.rollout import RolloutWorker, render_observation
 from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level
 from agentrl_jax.training.tensorboard import SummaryWriter
@@ -83,6 +83,42 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
+    """The RL Learner of a run: Adam for actor and critic, the configured losses and weights.
+
+    ``num_iterations``: the run's RL iterations, the ENVRL weights' horizon when
+    ``envrl.horizon`` is 0 (the schedule then steps by RL-phase progress, see ``RLUpdate``).
+    """
+    rl = config.rl
+    actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
+    critic_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr))
+    envrl = None
+    if config.envrl.enabled:
+        envrl = kernels.EnvrlConfig(
+            sp_weight=config.envrl.sp_weight,
+            id_weight=config.envrl.id_weight,
+            horizon=config.envrl.horizon or num_iterations,
+        )
+    return Learner(
+        policy,
+        critic,
+        actor_tx,
+        critic_tx if critic is not None else None,
+        loss_config=config.loss_config(),
+        policy_loss=rl.loss,
+        weights=LossWeights(
+            value=rl.value_coef,
+            kl=rl.kl_coef if rl.kl_mode == "loss" else 0.0,
+            entropy=rl.entropy_coef,
+        ),
+        envrl=envrl,
+        temperature=rl.temperature,
+        logits_chunk=config.model.logits_chunk,
+        microbatch_size=rl.microbatch_size or None,
+        mesh=mesh,
+    )
 
 
 class Trainer:
@@ -133,12 +169,26 @@ class Trainer:
         self.worker = worker_cls(
             self.pool, self.sampler, self.tokenizer, self.template, cfg.rollout
         )
-        self.learner = self._learner()
         self.budget = budget_lib.from_config(cfg.budget)
-        # Built again by run_sft once the number of SFT steps is known (the schedule's length);
-        # restoring needs only the optimizer state's structure, which does not depend on it.
-        self.sft_learner = self._sft_learner(total_steps=1)
+        self.learner = rl_learner(
+            cfg, self.policy, self.critic, self.mesh, num_iterations=self.num_rl_iterations()
+        )
+        self.rl_update = RLUpdate(
+            cfg,
+            self.learner,
+            self.tokenizer.pad_token_id,
+            envrl_examples=functools.partial(
+                envrl_data.examples,
+                mode=cfg.rollout.context_mode,
+                tokenizer=self.tokenizer,
+                template=self.template,
+            ),
+        )
+        # One phase's state at a time: the SFT state exists during SFT only, and the RL state
+        # (policy, critic and their moments) is created when SFT has let go of its own.
+        self.sft_learner: Learner | None = None
         self.sft_state = None
+        self.state = None
         self.checkpointer = Checkpointer(
             os.path.join(self.workdir, "checkpoints"),
             keep_last=cfg.checkpoint.keep_last,
@@ -149,10 +199,8 @@ class Trainer:
             os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
         )
         self.curriculum = Curriculum(cfg.curriculum)
-        self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
-        self._aux: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -284,38 +332,7 @@ class Trainer:
             tx,
             logits_chunk=self.config.model.logits_chunk,
             microbatch_size=sft.microbatch_size or None,
-        )
-
-    def _learner(self) -> Learner:
-        cfg = self.config
-        rl = cfg.rl
-        actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
-        critic_tx = optax.chain(
-            optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr)
-        )
-        envrl = None
-        if cfg.envrl.enabled:
-            envrl = kernels.EnvrlConfig(
-                sp_weight=cfg.envrl.sp_weight,
-                id_weight=cfg.envrl.id_weight,
-                horizon=cfg.envrl.horizon,
-            )
-        return Learner(
-            self.policy,
-            self.critic,
-            actor_tx,
-            critic_tx if self.critic is not None else None,
-            loss_config=cfg.loss_config(),
-            policy_loss=rl.loss,
-            weights=LossWeights(
-                value=rl.value_coef,
-                kl=rl.kl_coef if rl.kl_mode == "loss" else 0.0,
-                entropy=rl.entropy_coef,
-            ),
-            envrl=envrl,
-            temperature=rl.temperature,
-            logits_chunk=cfg.model.logits_chunk,
-            microbatch_size=rl.microbatch_size or None,
+            mesh=self.mesh,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -344,14 +361,16 @@ class Trainer:
         if step is None:
             return False
         # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state
-        # and, after SFT, the frozen reference), so the abstract tree can be built first.
-        saved = self._read_meta(step)
+        # and, after SFT, the frozen reference), so the abstract tree can be built first: shapes
+        # and shardings only, each array then read straight into its layout. (The SFT
+        # optimizer's structure does not depend on the schedule's length.)
+        saved = self.checkpointer.read_meta(step)
         if saved["phase"] == "sft":
-            template = {"train": self.sft_learner.init(self.policy, mesh=self.mesh)}
+            template = {"train": self._sft_learner(total_steps=1).abstract_state(self.policy)}
         else:
-            template = {"train": self.state}
+            template = {"train": self.learner.abstract_state(self.policy, self.critic)}
             if saved.get("has_ref"):
-                template["ref"] = self.state.policy
+                template["ref"] = template["train"].policy
         state, meta = self.checkpointer.restore(step, template)
         if saved["phase"] == "sft":
             self.sft_state = state["train"]
@@ -363,11 +382,6 @@ class Trainer:
         self.meta = meta
         logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
         return True
-
-    def _read_meta(self, step: int) -> dict[str, Any]:
-        path = os.path.join(self.checkpointer.directory, str(step), "meta", "metadata")
-        with open(path) as f:
-            return json.load(f)
 
     # ------------------------------------------------------------------ phases
 
@@ -433,7 +447,7 @@ class Trainer:
             total = dataset.batches_per_epoch * cfg.sft.epochs
             self.sft_learner = self._sft_learner(total)
             if self.sft_state is None:
-                self.sft_state = self.sft_learner.init(self.policy, mesh=self.mesh)
+                self.sft_state = self.sft_learner.init(self.policy)
             iterator = dataset.iterator(self.meta.get("sft_iterator"))
             from tqdm.auto import tqdm
 
@@ -455,8 +469,9 @@ class Trainer:
             if self.critic is not None:
                 # The critic's trunk starts from the SFT policy's.
                 self.critic = Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))
-            self.state = self.learner.init(self.policy, self.critic, mesh=self.mesh)
-        self.sft_state = None
+        # The SFT moments go before the RL state (policy, critic, their moments) is made.
+        self.sft_state = self.sft_learner = None
+        self.state = self.learner.init(self.policy, self.critic)
         metrics = self.evaluate("after_sft")
         self.writer.scalars(metrics, 0)
         self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
@@ -526,12 +541,9 @@ class Trainer:
             return metrics
 
         t1 = time.perf_counter()
-        batch, extra = self._rl_batch(good, it)
-        update_metrics = self._update(batch, np_rng)
+        self.state, update_metrics = self.rl_update(self.state, self.ref_policy, good, np_rng, it)
         t_update = time.perf_counter() - t1
         self.curriculum.update([t.won for t in good])
-
-        metrics.update(extra)
         metrics.update(update_metrics)
         tokens = sum(t.num_tokens for t in good)
         metrics.update(
@@ -547,115 +559,10 @@ class Trainer:
 
     def _sync_sampler(self) -> None:
         """Gives the sampler the current policy (multi-host: a copy on this process's devices)."""
-        policy = self.state.policy
+        policy = (self.state if self.sft_state is None else self.sft_state).policy
         if self.multihost:
             policy = multihost.local_replica(policy, self.mesh, self.local_mesh)
         self.sampler.set_state(policy)
-
-    def _forward_in_chunks(self, fn, params, batch, size: int) -> np.ndarray:
-        out = []
-        for i in range(0, batch["tokens"].shape[0], size):
-            chunk = {k: batch[k][i : i + size] for k in ("tokens", "mask", "allowed") if k in batch}
-            out.append(multihost.host_array(fn(params, self.learner.place_batch(chunk))))
-        return np.concatenate(out)
-
-    def _rl_batch(self, trajs: list[Trajectory], it: int) -> tuple[dict[str, np.ndarray], dict]:
-        cfg, rl = self.config, self.config.rl
-        mb = rl.minibatch_size
-        rows_ = rl_batch.build_rows(
-            trajs, cfg.rollout.context_mode, self.tokenizer.pad_token_id, mb
-        )
-        rows = rows_.rows
-        batch = {
-            "tokens": rows.tokens,
-            "mask": rows.mask,
-            "loss_mask": rows.loss_mask,
-            "step_ids": rows.step_ids,
-        }
-        if rows.allowed.shape[2]:  # constrained decoding: normalise over the allowed ids
-            batch["allowed"] = rows.allowed
-        old = self._forward_in_chunks(self.learner.policy_logprobs, self.state.policy, batch, mb)
-        on = rows.loss_mask > 0
-        extra = {"rollout/logprob_mismatch": float(np.abs(old - rows.old_logprobs)[on].max())}
-        ref = None
-        if rl.kl_coef > 0:
-            ref = self._forward_in_chunks(self.learner.policy_logprobs, self.ref_policy, batch, mb)
-            batch["ref_logprobs"] = ref
-        values = None
-        if self.critic is not None:
-            values = self._forward_in_chunks(self.learner.values, self.state.value, batch, mb)
-        kl = None
-        if rl.kl_mode == "reward" and ref is not None:
-            kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask, clamp=rl.kl_clamp))
-        adv, returns = rl_batch.advantages(
-            rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
-        )
-        batch["old_logprobs"] = old
-        batch["advantages"] = adv
-        if values is not None:
-            batch["old_values"] = values
-            batch["returns"] = returns if returns is not None else adv + values
-        extra["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
-        if self.learner.envrl is not None:
-            self._aux = self._envrl_examples(trajs, rows.tokens.shape[1])
-        return batch, extra
-
-    def _envrl_examples(self, trajs: list[Trajectory], max_len: int) -> dict[str, Any]:
-        """ENVRL state-prediction and inverse-dynamics examples of this iteration's episodes.
-
-        States are the observation ids each step's action was taken from, actions the sampled ids
-        (both exactly as the model read and wrote them).
-        """
-        pairs = [([s.prompt_ids for s in t.steps], [s.action_ids for s in t.steps]) for t in trajs]
-        pad = self.tokenizer.pad_token_id
-        return {
-            "sp": kernels.build_state_prediction(pairs, max_len=max_len, pad_id=pad),
-            "id": kernels.build_inverse_dynamics(pairs, max_len=max_len, pad_id=pad),
-        }
-
-    def _aux_minibatch(self, np_rng, size: int, iteration: int) -> dict[str, jnp.ndarray]:
-        """A fixed-size random draw of auxiliary examples for one update (fixed shapes)."""
-        out = {"iteration": jnp.asarray(iteration, jnp.int32)}
-        for kind, ex in self._aux.items():
-            n, length = ex.input_ids.shape
-            if n:
-                idx = np_rng.integers(n, size=size)
-                tokens, mask, target = (
-                    ex.input_ids[idx],
-                    ex.attention_mask[idx],
-                    ex.target_mask[idx],
-                )
-            else:  # No step has a next state (one-step episodes): an all-masked draw.
-                tokens = np.zeros((size, length), np.int32)
-                mask = target = np.zeros((size, length), np.float32)
-            out[f"aux_{kind}_tokens"] = jnp.asarray(tokens)
-            out[f"aux_{kind}_mask"] = jnp.asarray(mask)
-            out[f"aux_{kind}_target_mask"] = jnp.asarray(target)
-        return out
-
-    def _update(self, batch: dict[str, np.ndarray], np_rng) -> dict[str, float]:
-        rl = self.config.rl
-        num_rows = batch["tokens"].shape[0]
-        sums: dict[str, float] = {}
-        count = 0
-        for _ in range(rl.epochs):
-            order = np_rng.permutation(num_rows)
-            for i in range(0, num_rows, rl.minibatch_size):
-                idx = order[i : i + rl.minibatch_size]
-                if len(idx) < rl.minibatch_size:
-                    continue
-                mb = {k: v[idx] for k, v in batch.items()}
-                if self.learner.envrl is not None:
-                    step = int(self.state.step)  # RL updates so far: the weights' schedule step
-                    mb.update(self._aux_minibatch(np_rng, rl.minibatch_size, step))
-                self.state, m = self.learner.rl_step(self.state, self.learner.place_batch(mb))
-                for k, v in m.items():
-                    sums[k] = sums.get(k, 0.0) + float(v)
-                count += 1
-        out = {k: v / max(count, 1) for k, v in sums.items()}
-        out["train/skipped_nonfinite"] = sums.get("train/skipped_nonfinite", 0.0)
-        out["train/updates"] = float(count)
-        return out
 
     def evaluate(self, name: str) -> dict[str, float]:
         """Greedy episodes on every held-out level: reports under workdir/eval, metrics back."""

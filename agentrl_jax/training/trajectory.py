@@ -9,6 +9,11 @@ decide what ``prompt_ids`` is:
   training row with environment tokens masked out of the loss.
 - step-wise: the full context of this step (objective plus the last k turns, rebuilt from the
   stored ids of those turns, never re-encoded); each step is its own training row.
+
+In both modes ``obs_ids`` is the step's newest observation turn as the model read it (the end of
+``prompt_ids``), and the trajectory keeps the observation that followed its last action
+(``final_obs_ids``, encoded as the next turn would have read it), so every action has a known
+next observation: ENVRL's s_{t+1}, and the state a truncated episode's critic bootstraps from.
 """
 
 from __future__ import annotations
@@ -33,11 +38,22 @@ class Step:
     state_key: int = 0
     done: bool = False
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # The newest observation turn, as read: the last len(obs_ids) ids of prompt_ids.
+    obs_ids: list[int] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
 class Trajectory:
-    """One episode of one task instance; ``group`` is shared by rollouts of the same instance."""
+    """One episode of one task instance; ``group`` is shared by rollouts of the same instance.
+
+    Attributes:
+      truncated: cut by a limit (the rollout's turns or context length, or the environment's
+        step limit) rather than ended by the environment (won or lost).
+      header_ids: step-wise mode: the system prompt and goal every context starts with (empty in
+        whole-episode mode, where the first step's prompt holds them).
+      final_obs_ids: the observation after the last action, as the next turn would have read it
+        (empty when unknown: an infrastructure failure).
+    """
 
     task: Task
     group: int
@@ -45,6 +61,8 @@ class Trajectory:
     won: bool = False
     truncated: bool = False
     infra_failure: bool = False
+    header_ids: list[int] = dataclasses.field(default_factory=list)
+    final_obs_ids: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def episode_return(self) -> float:
@@ -68,6 +86,10 @@ class TokenRows:
       traj_index: [R] which trajectory each row came from.
       allowed: [R, T, K] int32 constrained decoding: the ids the draw of token t was restricted
         to, -1 padded (all -1: the whole vocabulary); K is 0 when no action was constrained.
+      bootstrap_pos: [R] int32 whole-episode rows of truncated episodes built with
+        ``bootstrap=True``: the position where the next action's first token would have been,
+        after the final observation (appended as environment tokens), so the critic's value
+        there is V of the state after the last action; -1 elsewhere.
     """
 
     tokens: np.ndarray
@@ -77,6 +99,7 @@ class TokenRows:
     old_logprobs: np.ndarray
     traj_index: np.ndarray
     allowed: np.ndarray
+    bootstrap_pos: np.ndarray
 
 
 @dataclasses.dataclass
@@ -106,8 +129,27 @@ def step_arrays(trajs: list[Trajectory], num_steps: int) -> StepArrays:
     return StepArrays(rewards, step_mask, state_keys, groups)
 
 
-def episode_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRows:
-    """Whole-episode mode: one row per trajectory, the concatenation of all its steps' ids."""
+def bootstraps(traj: Trajectory) -> bool:
+    """Whether the episode's last action leads to a state the critic must value (truncated)."""
+    return traj.truncated and bool(traj.final_obs_ids)
+
+
+def episode_row_length(traj: Trajectory, bootstrap: bool = False) -> int:
+    """Tokens the whole-episode row of ``traj`` needs (see :func:`episode_rows`)."""
+    if bootstrap and bootstraps(traj):
+        return traj.num_tokens + len(traj.final_obs_ids) + 1
+    return traj.num_tokens
+
+
+def episode_rows(
+    trajs: list[Trajectory], seq_len: int, pad_id: int, bootstrap: bool = False
+) -> TokenRows:
+    """Whole-episode mode: one row per trajectory, the concatenation of all its steps' ids.
+
+    With ``bootstrap``, a truncated episode's row goes on with its final observation (environment
+    tokens, no loss) and one more column, whose critic value (values[:, t] is V of the prefix
+    before t) is V of the state the next action would have been taken from: ``bootstrap_pos``.
+    """
     rows = _alloc(len(trajs), seq_len, pad_id, _num_allowed(trajs))
     for i, traj in enumerate(trajs):
         pos = 0
@@ -115,6 +157,9 @@ def episode_rows(trajs: list[Trajectory], seq_len: int, pad_id: int) -> TokenRow
             pos = _put(rows, i, pos, step.prompt_ids, None, None, seq_len, i)
             pos = _put(rows, i, pos, step.action_ids, s, step.action_logprobs, seq_len, i)
             _put_allowed(rows, i, pos, step)
+        if bootstrap and bootstraps(traj):
+            pos = _put(rows, i, pos, traj.final_obs_ids, None, None, seq_len - 1, i)
+            rows.bootstrap_pos[i] = pos
         rows.traj_index[i] = i
     return rows
 
@@ -143,6 +188,7 @@ def _alloc(num_rows: int, seq_len: int, pad_id: int, num_allowed: int = 0) -> To
         old_logprobs=np.zeros((num_rows, seq_len), np.float32),
         traj_index=np.zeros((num_rows,), np.int32),
         allowed=np.full((num_rows, seq_len, num_allowed), -1, np.int32),
+        bootstrap_pos=np.full((num_rows,), -1, np.int32),
     )
 
 

@@ -1,0 +1,155 @@
+"""The RL update: the trainer's real path against the same arithmetic as one device program.
+
+    python -m launch.bench learner --out bench_learner.json
+
+Workload: one RL update of the built-in default (``configs/tiny_textworld.py``: its model, GRPO,
+minibatches, epochs, constrained decoding) on 16 tasks x 4 rollouts of synthetic episodes shaped
+like its TextWorld games (a first observation of 200-260 tokens, then 30-70 tokens an
+observation and 4-12 a command, each command token drawn from 2-8 allowed ids; won episodes take
+2-3 steps, lost ones the 6 allowed). Tokens/s counts the episodes' real tokens once per epoch.
+
+- ours: ``RLUpdate`` exactly as the trainer calls it: rows built on the host, placed on the
+  devices, old (and reference) log-probs and values, advantages on the host, then the shuffled
+  minibatch steps and the metrics on the host.
+- reference: the same arithmetic with nothing else: the rows and advantages already on the
+  device, and one jitted program that computes the old log-probs and runs the same number of
+  minibatch steps on contiguous slices (no shuffle, no host round trip).
+
+The two sides alternate, 3 timed runs each after a warm-up that compiles both; medians.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import numpy as np
+from flax import nnx
+
+from agentrl_jax.benchmarks.report import Report, peak_rss_mb
+from agentrl_jax.benchmarks.sampler import _row, interleaved
+from agentrl_jax.envs.base import Task
+from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.training import rl_batch
+from agentrl_jax.training.config import from_config_dict, load_config_file
+from agentrl_jax.training.rl_update import RLUpdate
+from agentrl_jax.training.trainer import rl_learner
+from agentrl_jax.training.trajectory import Step, Trajectory
+
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_textworld.py")
+PAD = 0
+
+
+def synthetic_episodes(
+    num_tasks: int, group_size: int, vocab: int, max_steps: int, seed: int = 0
+) -> list[Trajectory]:
+    """GRPO groups of constrained-decoding episodes with the default run's token counts."""
+    rng = np.random.default_rng(seed)
+    trajs = []
+    for task in range(num_tasks):
+        for _ in range(group_size):
+            won = bool(rng.random() < 0.6)
+            num_steps = int(rng.integers(2, 4)) if won else max_steps
+            steps = []
+            for s in range(num_steps):
+                prompt = int(rng.integers(200, 261)) if s == 0 else int(rng.integers(30, 71))
+                action = int(rng.integers(4, 13))
+                ids = rng.integers(1, vocab, action)
+                allowed = []
+                for token in ids:
+                    others = rng.integers(1, vocab, int(rng.integers(1, 8)))
+                    allowed.append(sorted({int(token), *others.tolist()}))
+                steps.append(
+                    Step(
+                        prompt_ids=rng.integers(1, vocab, prompt).tolist(),
+                        action_ids=ids.tolist(),
+                        action_logprobs=(-rng.random(action)).tolist(),
+                        action_allowed=allowed,
+                        reward=float(won and s == num_steps - 1),
+                        state_key=int(rng.integers(1 << 30)),
+                        done=won and s == num_steps - 1,
+                    )
+                )
+            trajs.append(
+                Trajectory(Task("synthetic", "train", str(task)), task, steps=steps, won=won)
+            )
+    return trajs
+
+
+def run(quick: bool) -> Report:
+    config = from_config_dict(load_config_file(CONFIG + (":test" if quick else "")))
+    rl = config.rl
+    cfg = preset(
+        config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
+    )
+    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
+    learner = rl_learner(config, policy, critic)
+    update = RLUpdate(config, learner, PAD)
+    trajs = synthetic_episodes(
+        rl.tasks_per_iteration,
+        config.rollout.group_size,
+        cfg.vocab_size,
+        config.rollout.max_turns,
+    )
+    tokens = sum(t.num_tokens for t in trajs) * rl.epochs
+    ref_policy = nnx.state(policy, nnx.Param)
+    state = {"ours": learner.init(policy, critic), "ref": learner.init(policy, critic)}
+
+    def ours():
+        state["ours"], state["metrics"] = update(
+            state["ours"], ref_policy, trajs, np.random.default_rng(0), 0
+        )
+        jax.block_until_ready(state["ours"])
+
+    # The reference's inputs, built untimed: the same rows and advantages, on the device.
+    batch, _, _ = update.batch(state["ref"], ref_policy, trajs)
+    batch = {k: v for k, v in batch.items() if k not in ("old_logprobs", "ref_logprobs")}
+    rows = batch["tokens"].shape[0]
+    num_steps = rl.epochs * (rows // rl.minibatch_size)
+
+    @functools.partial(jax.jit, donate_argnums=0)
+    def program(train_state, batch):
+        scored = learner._score(
+            train_state.policy,
+            ref_policy if rl.kl_coef > 0 else None,
+            None,
+            batch,
+            rows_per_chunk=rows,
+        )
+        batch = {**batch, **scored}
+        for i in range(num_steps):
+            lo = (i * rl.minibatch_size) % rows
+            minibatch = {k: v[lo : lo + rl.minibatch_size] for k, v in batch.items()}
+            train_state, _ = learner._rl_step(train_state, minibatch)
+        return train_state
+
+    def reference():
+        state["ref"] = jax.block_until_ready(program(state["ref"], batch))
+
+    ours_runs, ref_runs = interleaved(ours, reference, 1 if quick else 3)
+    report = Report("learner")
+    report.add(
+        _row(
+            "rl_update_tokens_per_s",
+            tokens,
+            ours_runs,
+            ref_runs,
+            "tokens/s",
+            episodes=len(trajs),
+            real_tokens=tokens // rl.epochs,
+            padded_tokens=int(rows * batch["tokens"].shape[1]),
+            rows=rows,
+            minibatch_steps=num_steps,
+            updates=state["metrics"]["train/updates"],
+        )
+    )
+    report.facts.update(
+        config="configs/tiny_textworld.py" + (":test" if quick else ""),
+        algo=rl.algo,
+        load_average=os.getloadavg(),
+        peak_rss_mb=peak_rss_mb(),
+        padded_length=int(rl_batch.length_bucket(max(t.num_tokens for t in trajs))),
+    )
+    return report

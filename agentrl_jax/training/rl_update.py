@@ -1,0 +1,196 @@
+"""One RL update, from an iteration's trajectories to the new train state.
+
+    trajectories -> token rows (host) -> devices, once
+      -> old / reference log-probs and values (``Learner.score``: one program, stays on device)
+      -> advantages (host: they need the trajectories' structure; one transfer each way)
+      -> ``rl.epochs`` shuffles of minibatches (``Learner.rl_update``: one program, steps scanned)
+      -> metrics (one transfer)
+
+The host draws every shuffle (and ENVRL's example draws) from the iteration's numpy generator in
+the order the steps take them, so an update is exactly the sequence of ``Learner.rl_step`` calls
+on host-sliced minibatches it replaces, without a host round trip per minibatch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from agentrl_jax import kernels
+from agentrl_jax.training import envrl_data, multihost, rl_batch
+from agentrl_jax.training.config import RunConfig
+from agentrl_jax.training.learner import Learner, TrainState
+from agentrl_jax.training.trajectory import Trajectory
+
+
+class RLUpdate:
+    """The RL update of a run: ``update(state, ref_policy, trajs, np_rng)``.
+
+    Args:
+      config: the run's config (``rl``, ``rollout.context_mode``, the advantage config).
+      learner: the Learner whose ``score`` and ``rl_update`` programs it runs.
+      pad_id: the tokenizer's padding id.
+      envrl_examples: with ENVRL, ``(trajs, max_len=...) -> {"sp": ..., "id": ...}``
+        (``training/envrl_data.py:examples`` bound to the run's tokenizer and template).
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        learner: Learner,
+        pad_id: int,
+        envrl_examples: Callable[..., dict[str, Any]] | None = None,
+    ):
+        if learner.envrl is not None and envrl_examples is None:
+            raise ValueError("RLUpdate: the learner has ENVRL losses; pass envrl_examples")
+        self.config = config
+        self.learner = learner
+        self.pad_id = pad_id
+        self.envrl_examples = envrl_examples
+
+    def __call__(
+        self, state: TrainState, ref_policy: Any, trajs: list[Trajectory], np_rng, iteration: int
+    ) -> tuple[TrainState, dict[str, float]]:
+        """Updates ``state`` (donated) on RL iteration ``iteration``'s ``trajs``.
+
+        Returns the new state and the metrics.
+        """
+        batch, aux, metrics = self.batch(state, ref_policy, trajs)
+        state, update_metrics = self.update(state, batch, aux, np_rng, iteration)
+        return state, {**metrics, **update_metrics}
+
+    def batch(
+        self, state: TrainState, ref_policy: Any, trajs: list[Trajectory]
+    ) -> tuple[dict[str, jax.Array], dict[str, Any], dict[str, float]]:
+        """The update's batch on the devices, ENVRL's examples (or {}) and rollout metrics.
+
+        The rows go to the devices once; the old and reference log-probs and the values are
+        computed there in one program and stay there, and come to the host once, for the
+        advantages.
+        """
+        cfg, rl = self.config, self.config.rl
+        critic = self.learner.value_graphdef is not None
+        rows_ = rl_batch.build_rows(
+            trajs,
+            cfg.rollout.context_mode,
+            self.pad_id,
+            rl.minibatch_size,
+            bootstrap=critic,  # truncated episodes' rows also hold the state after them
+        )
+        rows = rows_.rows
+        host = {
+            "tokens": rows.tokens,
+            "mask": rows.mask,
+            "loss_mask": rows.loss_mask,
+            "step_ids": rows.step_ids,
+        }
+        if rows.allowed.shape[2]:  # constrained decoding: normalise over the allowed ids
+            host["allowed"] = rows.allowed
+        batch = self.learner.place_batch(host)
+        scored = self.learner.score(
+            state.policy,
+            ref_policy if rl.kl_coef > 0 else None,
+            state.value,
+            batch,
+            rows_per_chunk=rl.minibatch_size,
+        )
+        batch.update(scored)
+        scored = {k: multihost.host_array(v) for k, v in scored.items()}
+        old, ref, values = (scored.get(k) for k in ("old_logprobs", "ref_logprobs", "old_values"))
+        on = rows.loss_mask > 0
+        metrics = {"rollout/logprob_mismatch": float(np.abs(old - rows.old_logprobs)[on].max())}
+        kl = None
+        if rl.kl_mode == "reward" and ref is not None:
+            kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask, clamp=rl.kl_clamp))
+        adv, returns = rl_batch.advantages(
+            rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
+        )
+        targets = {"advantages": adv}
+        if values is not None:
+            targets["returns"] = returns if returns is not None else adv + values
+        batch.update(self.learner.place_batch(targets))
+        metrics["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
+        aux = {}
+        if self.learner.envrl is not None:
+            aux = self.envrl_examples(trajs, max_len=rows.tokens.shape[1])
+        return batch, aux, metrics
+
+    def update(
+        self,
+        state: TrainState,
+        batch: dict[str, jax.Array],
+        aux: dict[str, Any],
+        np_rng,
+        iteration: int,
+    ) -> tuple[TrainState, dict[str, float]]:
+        """``rl.epochs`` shuffles of whole minibatches over ``batch``: one program, one sync.
+
+        Rows past the last whole minibatch of a shuffle are left out of that epoch.
+
+        ENVRL's weights decay over ``envrl_data.schedule_step``: the RL updates so far, or with
+        ``envrl.horizon`` unset the RL phase's progress (``iteration`` and the fraction done).
+        """
+        rl = self.config.rl
+        size = rl.minibatch_size
+        num_rows = batch["tokens"].shape[0]
+        num_updates = rl.epochs * (num_rows // size)
+        first = int(state.step)  # RL updates so far
+        plan, per_update = [], []
+        for _ in range(rl.epochs):
+            order = np_rng.permutation(num_rows)
+            for i in range(0, num_rows - size + 1, size):
+                if self.learner.envrl is not None:
+                    step = envrl_data.schedule_step(
+                        self.config.envrl.horizon, iteration, first, len(plan), num_updates
+                    )
+                    per_update.append(aux_minibatch(aux, np_rng, size, step))
+                plan.append(order[i : i + size])
+        if not plan:
+            return state, {"train/skipped_nonfinite": 0.0, "train/updates": 0.0}
+        stacked = jax.tree.map(lambda *xs: np.stack(xs), *per_update) if per_update else {}
+        state, metrics = self.learner.rl_update(
+            state,
+            batch,
+            self.learner.place_replicated(np.stack(plan).astype(np.int32)),
+            self.learner.place_replicated(stacked),
+        )
+        metrics = jax.device_get(metrics)
+        out = {k: float(np.mean(v)) for k, v in metrics.items()}
+        out["train/skipped_nonfinite"] = float(np.sum(metrics["train/skipped_nonfinite"]))
+        out["train/updates"] = float(len(plan))
+        return state, out
+
+    def envrl_examples(self, trajs: list[Trajectory], max_len: int) -> dict[str, Any]:
+        """ENVRL state-prediction and inverse-dynamics examples of this iteration's episodes.
+
+        States are the observation ids each step's action was taken from, actions the sampled ids
+        (both exactly as the model read and wrote them).
+        """
+        pairs = [([s.prompt_ids for s in t.steps], [s.action_ids for s in t.steps]) for t in trajs]
+        return {
+            "sp": kernels.build_state_prediction(pairs, max_len=max_len, pad_id=self.pad_id),
+            "id": kernels.build_inverse_dynamics(pairs, max_len=max_len, pad_id=self.pad_id),
+        }
+
+
+def aux_minibatch(aux: dict[str, Any], np_rng, size: int, step: float) -> dict[str, np.ndarray]:
+    """A fixed-size random draw of ENVRL examples for one update (fixed shapes).
+
+    ``step`` is the ENVRL weights' schedule step of that update (``batch["iteration"]``).
+    """
+    out = {"iteration": np.asarray(step, np.float32)}
+    for kind, ex in aux.items():
+        n, length = ex.input_ids.shape
+        if n:
+            idx = np_rng.integers(n, size=size)
+            tokens, mask, target = ex.input_ids[idx], ex.attention_mask[idx], ex.target_mask[idx]
+        else:  # No step has a next state (one-step episodes): an all-masked draw.
+            tokens = np.zeros((size, length), np.int32)
+            mask = target = np.zeros((size, length), np.float32)
+        out[f"aux_{kind}_tokens"] = tokens
+        out[f"aux_{kind}_mask"] = mask
+        out[f"aux_{kind}_target_mask"] = target
+    return out

@@ -1,0 +1,211 @@
+"""The run config: one source of defaults, shipped configs pinned, every check before compute."""
+
+import dataclasses
+import glob
+import json
+import os
+import sys
+
+import ml_collections
+import pytest
+
+from agentrl_jax import kernels
+from agentrl_jax.kernels import registry
+from agentrl_jax.training import config as config_lib
+from agentrl_jax.training import defaults
+from agentrl_jax.training.config import ConfigError, base_config, from_config_dict
+from agentrl_jax.training.rollout import RolloutConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+from train_cli import tiny_config as _config  # noqa: E402
+
+# Every shipped config's resolved RunConfig, computed at commit 33bdb58 (before the defaults were
+# merged into the dataclasses).
+SNAPSHOT = os.path.join(REPO, "tests", "data", "resolved_configs.json")
+# Changes to a shipped config's resolved values made on purpose since the snapshot:
+# {"configs/x.py[:arg]": {"section.field": new_value}}. ENVRL's horizon: 0 (the whole RL phase)
+# replaced 100 updates as the default; model.remat names a policy ("none" | "full" | "save_dots",
+# was a bool) and model.scan_layers is new (on with the Qwen configs' full remat).
+with open(SNAPSHOT) as _f:
+    INTENDED_CHANGES: dict[str, dict[str, object]] = {
+        spec: {
+            "envrl.horizon": 0,
+            "model.remat": "full" if resolved["model"]["remat"] else "none",
+            "model.scan_layers": bool(resolved["model"]["remat"]),
+        }
+        for spec, resolved in json.load(_f).items()
+    }
+
+
+def _flat(tree, prefix=""):
+    if isinstance(tree, dict):
+        out = {}
+        for k, v in tree.items():
+            out.update(_flat(v, f"{prefix}{k}."))
+        return out
+    return {prefix[:-1]: tree}
+
+
+def _resolved(run) -> dict:
+    return _flat(json.loads(json.dumps(dataclasses.asdict(run))))
+
+
+def _shipped_specs():
+    specs = []
+    for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))):
+        name = os.path.relpath(path, REPO)
+        args = (None, "test", "smoke") if name.endswith("tiny_textworld.py") else (None,)
+        specs += [name if a is None else f"{name}:{a}" for a in args]
+    return specs
+
+
+def test_snapshot_covers_every_shipped_config():
+    with open(SNAPSHOT) as f:
+        assert sorted(json.load(f)) == sorted(_shipped_specs())
+
+
+@pytest.mark.parametrize("spec", _shipped_specs())
+def test_shipped_config_resolves_as_before(spec, monkeypatch):
+    monkeypatch.chdir(REPO)
+    with open(SNAPSHOT) as f:
+        expected = _flat(json.load(f)[spec])
+    expected.update(INTENDED_CHANGES.get(spec, {}))
+    got = _resolved(from_config_dict(config_lib.load_config_file(spec)))
+    assert sorted(got) == sorted(expected)
+    diffs = {k: (expected[k], got[k]) for k in expected if got[k] != expected[k]}
+    assert not diffs, f"{spec}: (snapshot, now) differ: {diffs}"
+
+
+def test_defaults_have_one_source():
+    """base_config() is the dataclasses' defaults, and a key left out takes the same value."""
+    assert defaults.base_config is base_config
+    cd = base_config()
+    for name, cls in config_lib.SECTIONS.items():
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        assert sorted(cd[name].keys()) == sorted(fields), name
+        instance = cls()
+        for key in fields:
+            value = cd[name][key]
+            value = tuple(sorted(value.items())) if hasattr(value, "items") else value
+            assert value == getattr(instance, key), f"{name}.{key}"
+    assert cd.curriculum.window == config_lib.CurriculumConfig(stages=((("a", 1.0),),)).window
+    full = from_config_dict(base_config())
+    assert from_config_dict(ml_collections.ConfigDict()) == full
+    assert from_config_dict(ml_collections.ConfigDict({"rl": {"algo": "grpo"}})) == full
+    # The values the shipped configs and docs relied on (base_config's before the merge).
+    assert (full.rl.epochs, full.sft.learning_rate, full.checkpoint.every) == (1, 2e-3, 5)
+    assert (full.rollout.group_size, full.model.tokenizer_vocab) == (4, 1024)
+    assert RolloutConfig() == full.rollout
+
+
+@pytest.mark.parametrize(
+    "sections, match",
+    [
+        (
+            dict(rl=dict(kl_mode="reward", kl_coef=0.1)),
+            r"^config.rl.kl_mode='reward' needs an estimator that takes a per-token KL reward "
+            r"penalty; config.rl.algo='grpo' does not .*\['gae', 'reinforce_pp'\]",
+        ),
+        (dict(rl=dict(temperature=0.0)), r"^config.rl.temperature is 0.0; expected > 0"),
+        (dict(rl=dict(top_p=0.0)), r"^config.rl.top_p is 0.0; expected in \(0, 1\]"),
+        (dict(rl=dict(top_k=-1)), r"^config.rl.top_k is -1; expected an int >= 0"),
+        (dict(rl=dict(kl_coef=-0.1)), r"^config.rl.kl_coef is -0.1; expected >= 0"),
+        (
+            dict(env=dict(kwargs=dict(admissible_commands=False))),
+            r"^config.rollout.constrain_actions=True writes one of the env's admissible "
+            r"commands, but config.env.name='textworld' with config.env.kwargs=.*lists none",
+        ),
+        (
+            dict(rl=dict(minibatch_size=128)),
+            r"^config.rl.minibatch_size=128 is more than an iteration's 64 episodes",
+        ),
+        (
+            dict(rollout=dict(group_size=40), env=dict(num_workers=2, envs_per_worker=16)),
+            r"^config.rollout.group_size=40 does not fit the actor pool: "
+            r"config.env.num_workers=2 x config.env.envs_per_worker=16 = 32",
+        ),
+        (
+            dict(budget=dict(total=4010, sft_fraction=4000 / 4010)),
+            r"^config.budget leaves 10 RL episodes, fewer than one iteration's 64",
+        ),
+        (dict(checkpoint=dict(every=0)), r"^config.checkpoint.every is 0; expected an int >= 1"),
+        (dict(checkpoint=dict(keep_last=0)), r"^config.checkpoint.keep_last is 0"),
+        (dict(env=dict(name="nethack")), r"^config.env.name: unknown env 'nethack'; valid names"),
+        (dict(env=dict(num_eval_tasks=0)), r"^config.env.num_eval_tasks is 0; expected an int"),
+        (dict(env=dict(eval_levels=())), r"^config.env.eval_levels is empty"),
+        (dict(model=dict(tokenizer_vocab=100)), r"^config.model.tokenizer_vocab is 100; .* >= 259"),
+        (dict(sft=dict(epochs=0)), r"^config.sft.epochs is 0; expected an int >= 1"),
+        (dict(envrl=dict(horizon=-1)), r"^config.envrl.horizon is -1; expected an int >= 0"),
+        (dict(eval_every=-1), r"^config.eval_every is -1; expected an int >= 0"),
+        (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three positive sizes"),
+        (
+            dict(rollout=dict(max_new_tokens=768)),
+            r"^config.rollout: rollout.max_new_tokens=768 leaves no room for a prompt in "
+            r"rollout.max_seq_len=768",
+        ),
+        (dict(rollout=dict(history_turns=-1)), r"^config.rollout: rollout.history_turns is -1"),
+        (dict(curriculum=dict(windo=3)), r"^config.curriculum: unknown field\(s\) \['windo'\]"),
+    ],
+)
+def test_bad_combination_fails_at_validation_in_one_line(sections, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        from_config_dict(_config(**sections), num_devices=1)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_top_level_key_is_an_error():
+    cd = _config()
+    with cd.unlocked():
+        cd.seeed = 1
+    with pytest.raises(ConfigError, match=r"^config: unknown key\(s\) \['seeed'\]; valid keys"):
+        from_config_dict(cd)
+
+
+def test_kl_reward_is_fine_with_an_estimator_that_takes_it():
+    run = from_config_dict(_config(rl=dict(algo="reinforce_pp", kl_mode="reward", kl_coef=0.1)))
+    assert run.advantage_config().kl_coef == 0.1
+
+
+def test_sft_only_budget_needs_no_rl_iteration():
+    run = from_config_dict(
+        _config(budget=dict(total=4000, sft_fraction=1.0), rl=dict(task_pool="all"))
+    )
+    assert run.budget.sft_fraction == 1.0
+
+
+def test_a_registered_estimator_declares_what_it_needs_and_gets_the_checks():
+    """A user's estimator is checked by what it declares, never by its name."""
+    kernels.register_advantage_estimator(
+        "critic_test", lambda *a, **k: None, needs_values=True, needs_groups=True, kl_reward=True
+    )
+    kernels.register_advantage_estimator("plain_test", lambda *a, **k: None)
+    try:
+        with pytest.raises(ConfigError, match="'critic_test' uses a critic over the whole"):
+            from_config_dict(
+                _config(rl=dict(algo="critic_test"), rollout=dict(context_mode="step"))
+            )
+        with pytest.raises(ConfigError, match="'critic_test' compares rollouts within a group"):
+            from_config_dict(_config(rl=dict(algo="critic_test"), rollout=dict(group_size=1)))
+        rl = dict(algo="critic_test", kl_mode="reward", kl_coef=0.1)
+        assert from_config_dict(_config(rl=rl)).needs_critic
+        with pytest.raises(ConfigError, match=r"config.rl.algo='plain_test' does not .*'critic"):
+            from_config_dict(_config(rl=dict(algo="plain_test", kl_mode="reward")))
+        rl = dict(algo="plain_test", minibatch_size=16)
+        run = from_config_dict(_config(rl=rl, rollout=dict(group_size=1)))
+        assert not run.needs_critic and run.ratio_level == "token"
+    finally:
+        registry.unregister("critic_test")
+        registry.unregister("plain_test")
+
+
+def test_env_declares_whether_it_lists_admissible_commands():
+    from agentrl_jax.envs import registry as envs
+
+    assert envs.lists_admissible_commands("textworld", {}) is True
+    assert envs.lists_admissible_commands("textworld", {"admissible_commands": False}) is False
+    assert envs.lists_admissible_commands("alfworld", {"max_steps": 5}) is True
+    assert envs.lists_admissible_commands("swe", {"path": "x.jsonl"}) is False
+    cd = _config(env=dict(name="swe", kwargs=dict(path="x.jsonl")))
+    with pytest.raises(ConfigError, match="config.env.name='swe' with config.env.kwargs="):
+        from_config_dict(cd)

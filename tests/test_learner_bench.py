@@ -1,0 +1,24 @@
+"""The learner benchmark's plumbing, on its quick workload (the `:test` config's shapes)."""
+
+from agentrl_jax.benchmarks import learner as bench
+
+
+def test_quick_benchmark_times_the_real_update_against_one_program():
+    report = bench.run(quick=True)
+    (row,) = report.rows
+    assert row.workload == "rl_update_tokens_per_s"
+    assert row.ours > 0 and row.reference > 0 and row.ratio == row.ours / row.reference
+    # Both sides ran the same number of minibatch steps over the same padded rows.
+    assert row.extra["updates"] == row.extra["minibatch_steps"] > 0
+    assert 0 < row.extra["real_tokens"] < row.extra["padded_tokens"]
+    assert row.extra["episodes"] == 4  # 2 tasks x 2 rollouts
+
+
+def test_synthetic_episodes_have_the_default_runs_shape():
+    trajs = bench.synthetic_episodes(16, 4, vocab=1024, max_steps=6)
+    assert len(trajs) == 64 and {t.group for t in trajs} == set(range(16))
+    assert max(t.num_tokens for t in trajs) <= 768  # the default's context
+    for t in trajs:
+        assert 2 <= len(t.steps) <= 3 if t.won else len(t.steps) == 6
+        for s in t.steps:
+            assert all(a in allowed for a, allowed in zip(s.action_ids, s.action_allowed))
