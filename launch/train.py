@@ -8,6 +8,12 @@ The whole configuration is validated before any compute (an unknown algorithm, `
 critic, a mesh that does not divide the devices: a clear error listing the valid choices).
 Rerunning the same command with the same workdir resumes from the last checkpoint.
 
+The before/after table (``report.md``, printed) is on the report split (TextWorld: ``test``,
+``config.env.num_report_tasks`` games per level), with 95% Wilson intervals and RL's gain with its
+paired interval; ``report.json`` holds those rows (``before_after``) and every evaluation
+(``evals``: per name, per level, the result with its split, decoding, temperature, seed and
+per-game outcomes).
+
 Multi-host: the same command on every host, one process each, with ``--coordinator_address``,
 ``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
 ``JAX_PROCESS_ID`` in the environment, or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU pod or
@@ -25,6 +31,7 @@ from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
 from agentrl_jax.training import cli
+from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.config import ConfigError, from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
@@ -61,6 +68,7 @@ def main(argv):
     try:
         evals = trainer.run()
         table = trainer.before_after()
+        rows = evaluation.before_after_rows(trainer.before_after_results())
     finally:
         trainer.close()
     if not primary:
@@ -69,7 +77,7 @@ def main(argv):
     with open(os.path.join(workdir, "report.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump(evals, f, indent=2, sort_keys=True)
+        json.dump({"before_after": rows, "evals": evals}, f, indent=2, sort_keys=True)
     print(table)
     logging.info("done")
     print(

@@ -60,6 +60,12 @@ def _config(**sections):
         (dict(rl=dict(kl_estimator="k4")), r"config.rl: LossConfig.kl_estimator is 'k4'"),
         (dict(rl=dict(kl_clamp=-1.0)), r"config.rl: LossConfig.kl_clamp is -1.0; expected None"),
         (dict(rl=dict(value_clip=0.0)), r"config.rl: LossConfig.value_clip is 0.0; expected None"),
+        (
+            dict(env=dict(kwargs=dict(admissible_commands=False))),
+            r"constrain_actions=True \(constrained decoding\) needs the env's admissible commands, "
+            r"but config.env.kwargs.admissible_commands=False",
+        ),
+        (dict(env=dict(num_report_tasks=-1)), r"config.env.num_report_tasks is -1; expected >= 0"),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):

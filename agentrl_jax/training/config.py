@@ -20,6 +20,7 @@ from agentrl_jax.models.config import PRESETS
 from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training.curriculum import CurriculumConfig
 from agentrl_jax.training.rollout import RolloutConfig
+from agentrl_jax.training.tasks import LISTS_ADMISSIBLE
 
 DTYPES = ("float32", "bfloat16")
 REWARDS = ("sparse", "dense")
@@ -55,6 +56,8 @@ class EnvSection:
     eval_levels: tuple[str, ...] = ("simple", "medium")
     num_train_tasks: int = 200
     num_eval_tasks: int = 50
+    report_levels: tuple[str, ...] = ()  # empty: eval_levels, on the report split
+    num_report_tasks: int = 200
     num_workers: int = 2
     envs_per_worker: int = 8
 
@@ -294,7 +297,29 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         raise ConfigError(f"config.model.logits_chunk is {model.logits_chunk!r}; expected an int")
     _positive("config.model.logits_chunk", model.logits_chunk)
     env = _section(EnvSection, cd.get("env"), "config.env")
+    if isinstance(env.num_report_tasks, bool) or not isinstance(env.num_report_tasks, int):
+        raise ConfigError(
+            f"config.env.num_report_tasks is {env.num_report_tasks!r}; expected an int"
+        )
+    if env.num_report_tasks < 0:
+        raise ConfigError(
+            f"config.env.num_report_tasks is {env.num_report_tasks}; expected >= 0 (0: the "
+            "before/after table reports the valid evaluations)"
+        )
     rollout = _section(RolloutConfig, cd.get("rollout"), "config.rollout")
+    if rollout.constrain_actions:
+        admissible = dict(env.kwargs).get("admissible_commands", True)
+        if env.name not in LISTS_ADMISSIBLE or not admissible:
+            why = (
+                "config.env.kwargs.admissible_commands=False"
+                if env.name in LISTS_ADMISSIBLE
+                else f"env {env.name!r} lists none"
+            )
+            raise ConfigError(
+                "config.rollout.constrain_actions=True (constrained decoding) needs the env's "
+                f"admissible commands, but {why}; list them or decode freely "
+                "(constrain_actions=False; launch.eval --decoding=free)"
+            )
     sft = _section(SFTSection, cd.get("sft"), "config.sft")
     budget = _section(BudgetSection, cd.get("budget"), "config.budget")
     rl = _section(RLSection, cd.get("rl"), "config.rl")

@@ -31,7 +31,11 @@ def base_config() -> ml_collections.ConfigDict:
         train_levels=("simple",),
         eval_levels=("simple", "medium"),
         num_train_tasks=200,
-        num_eval_tasks=50,
+        num_eval_tasks=50,  # per level, from the tuning split (valid): in-run evaluations
+        # The reported before/after table: these levels (empty: eval_levels) on the report split
+        # (TextWorld: test), this many games each; 0 reports the valid evaluations instead.
+        report_levels=(),
+        num_report_tasks=200,
         num_workers=2,
         envs_per_worker=16,
     )
