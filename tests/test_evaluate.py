@@ -257,8 +257,8 @@ def test_before_after_table():
         "wins": 31,
         "n": 50,
         "rate": 0.62,
-        "low": pytest.approx(0.48151, abs=1e-5),
-        "high": pytest.approx(0.74140, abs=1e-5),
+        "low": pytest.approx(0.481504, abs=1e-6),
+        "high": pytest.approx(0.741372, abs=1e-6),
     }
     gain = rows[0]["gain"]
     assert (gain["n"], gain["both"], gain["only_after"], gain["only_before"]) == (50, 31, 14, 0)
