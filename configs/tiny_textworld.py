@@ -20,10 +20,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.env.kwargs = dict(reward="dense", max_steps=6, admissible_commands=True)
     # 400 games for the demonstrations, then 64 that RL plays and no demonstration showed.
     c.env.update(train_levels=("simple",), eval_levels=("simple", "medium"), num_train_tasks=464)
-    # The before/after table: 50 test games per level, after SFT and after RL (issue #13's
-    # protocol: valid for selection, test for the report). 200 per level would add ~9 minutes on
-    # a fresh clone (generating 400 test games, then 800 greedy episodes) to a run budgeted at 20;
-    # headline figures evaluate the finished run with launch.eval --split=test --num_tasks=200.
+    # The before/after table: 50 test games per level, after SFT and after RL (valid games select,
+    # test games report; docs/evaluation.md). 200 per level would add ~9 minutes on a fresh clone
+    # (generating 400 test games, then 800 greedy episodes) to a run budgeted at 20; headline
+    # figures evaluate the finished run with launch.eval --split=test --num_tasks=200.
     c.env.num_report_tasks = 50
     c.curriculum.stages = [[("simple", 1.0)]]
     # Constrained decoding: the policy writes one of the admissible commands (20 tokens hold the
