@@ -669,7 +669,7 @@ class Trainer:
         The tuning split's levels (``eval_tasks``) give ``eval/<level>/*`` and
         ``eval/success_rate`` (the checkpoint-selection metric); with ``report`` the report split's
         (``report_tasks``, e.g. ``simple@test``) give ``report/<level@split>/*``, kept apart so
-        that nothing selected on them. A set equal to one already played is not played again.
+        that nothing selects on them. A set equal to one already played is not played again.
         """
         self._sync_sampler()
         sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
