@@ -46,6 +46,7 @@ from typing import Any
 from agentrl_jax.training import stats as stats_lib
 from agentrl_jax.training.cli import missing_key
 from agentrl_jax.training.config import load_config_file
+from agentrl_jax.training.tasks import report_levels
 
 STUDY_KEYS = ("baseline", "overrides", "variants", "reference", "seeds", "evaluation")
 EVALUATION_KEYS = ("split", "num_tasks", "levels", "decoding")
@@ -222,10 +223,11 @@ def write_atomic(path: str, text: str) -> None:
 # ------------------------------------------------------------------------------ one cell
 
 
-def collect_cell(run_dir: str) -> dict[str, Any]:
-    """A finished ``launch.train`` workdir's numbers: per report level the success after SFT and
-    at the end (after RL; after SFT when the cell had no RL) with Wilson intervals, the RL gain
-    with its paired interval, and the sampled success per RL iteration against episodes."""
+def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
+    """A finished ``launch.train`` workdir's numbers: per report set in ``levels`` (the cell's
+    ``level@split`` keys) the success after SFT and at the end (after RL; after SFT when the cell
+    had no RL) with Wilson intervals, the RL gain with its paired interval; and the sampled
+    success per RL iteration against episodes."""
     from agentrl_jax.training import evaluate as evaluation  # noqa: PLC0415
     from agentrl_jax.training.tensorboard import read_scalars  # noqa: PLC0415
 
@@ -234,7 +236,7 @@ def collect_cell(run_dir: str) -> dict[str, Any]:
     before = evals.get("after_sft", {})
     final = evals.get("after_rl") or before
     levels = {}
-    for key in sorted(k for k in final if "@" in k):  # the report sets, e.g. simple@test
+    for key in levels:  # the report sets, e.g. simple@test
         b = evaluation.EvalResult.from_json(before[key])
         a = evaluation.EvalResult.from_json(final[key])
         levels[key] = {
@@ -464,7 +466,7 @@ def generate_games(configs: Sequence[Any], progress: bool = True) -> int:
     Returns:
       The number of games the cells use (made now or found in the cache).
     """
-    from agentrl_jax.training.tasks import EVAL_SPLIT, parse_level, report_levels  # noqa: PLC0415
+    from agentrl_jax.training.tasks import EVAL_SPLIT, parse_level  # noqa: PLC0415
 
     need: dict[tuple[str, str], int] = {}
 
@@ -587,7 +589,11 @@ def run_study(
                 failed.append(f"{name} (exit {proc.returncode}; log {folder}/train.log)")
                 log(f"  FAILED {name}: exit status {proc.returncode}; see {folder}/train.log")
                 continue
-            result = collect_cell(os.path.join(folder, "run"))
+            env = configs[cell].env
+            levels = report_levels(
+                env.name, env.report_levels, env.eval_levels, env.num_report_tasks
+            )
+            result = collect_cell(os.path.join(folder, "run"), levels)
             write_atomic(os.path.join(folder, "result.json"), json.dumps(result, indent=2) + "\n")
             write_atomic(os.path.join(folder, "done"), time.ctime() + "\n")
             durations.append(time.monotonic() - t0)
