@@ -12,6 +12,7 @@ import time
 import pytest
 from train_cli import REPO
 
+from agentrl_jax.envs.base import Task
 from agentrl_jax.training import study as study_lib
 from agentrl_jax.training.config import from_config_dict
 
@@ -133,6 +134,79 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
     json.dumps(one, allow_nan=False)  # valid JSON
     study_lib.plot_study_curve(results, str(tmp_path / "curve.png"))
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _fake_cells(tmp_path, monkeypatch, fail_variant=None):
+    """Cells that "train" in a blink: each copies a prepared report.json into its run folder
+    (rloo: 3 of 4 games won after RL, grpo: 2 of 4) and logs that it ran."""
+    from agentrl_jax.training.evaluate import summarize
+    from agentrl_jax.training.trajectory import Trajectory
+
+    def report(wins):
+        trajs = [
+            Trajectory(Task("textworld", "test", f"g/{i}", (("spec", "simple"),)), i, won=i < wins)
+            for i in range(4)
+        ]
+        return summarize(trajs, greedy=True, num_tasks=4, decoding="constrained").to_json()
+
+    reports = {}
+    for variant, wins in (("grpo", 2), ("rloo", 3)):
+        path = tmp_path / f"{variant}.json"
+        evals = {"after_sft": {"simple@test": report(1)}, "after_rl": {"simple@test": report(wins)}}
+        path.write_text(json.dumps({"before_after": [], "evals": evals}))
+        reports[variant] = path
+    script = (
+        "import os, shutil, sys; folder, src, code = sys.argv[1:];"
+        "run = os.path.join(folder, 'run');"
+        "os.makedirs(os.path.join(run, 'tensorboard'), exist_ok=True);"
+        "shutil.copy(src, os.path.join(run, 'report.json'));"
+        "open(os.path.join(folder, 'ran'), 'a').write('x'); sys.exit(int(code))"
+    )
+
+    def cmd(folder):
+        variant = os.path.basename(os.path.dirname(folder))
+        code = 1 if variant == fail_variant else 0
+        return [sys.executable, "-c", script, folder, str(reports[variant]), str(code)]
+
+    monkeypatch.setattr(study_lib, "_train_cmd", cmd)
+    monkeypatch.setattr(study_lib, "generate_games", lambda configs, progress=True: 0)
+
+
+def test_runner_resumes_without_repeating_finished_cells(tmp_path, monkeypatch):
+    _fake_cells(tmp_path, monkeypatch)
+    study, workdir, lines = study_lib.load_study(SMOKE), tmp_path / "study", []
+    results = study_lib.run_study(study, str(workdir), parallel=2, log=lines.append)
+    assert "0 already done, 4 to run, 2 at a time" in lines[0]
+    assert any("4/4 cells finished" in line and "ETA 0m00s" in line for line in lines)
+    cells = workdir / "cells"
+    for variant, seed in study.cells():
+        folder = cells / variant / f"seed-{seed}"
+        assert (folder / "done").is_file() and (folder / "ran").read_text() == "x"
+        assert json.loads((folder / "cell_config.json").read_text())["seed"] == seed
+    rloo = results["variants"]["rloo"]["levels"]["simple@test"]
+    assert rloo["mean"] == 0.75 and rloo["vs_reference"]["mean"] == pytest.approx(0.25)
+    cell = results["cells"]["rloo/seed-1"]["levels"]["simple@test"]
+    assert cell["gain"]["only_after"] == 2 and cell["protocol"]["decoding"] == "constrained"
+    assert json.loads((workdir / "results.json").read_text()) == results
+    # An interrupted cell (no done marker): only it runs again.
+    (cells / "rloo" / "seed-1" / "done").unlink()
+    lines.clear()
+    study_lib.run_study(study, str(workdir), log=lines.append)
+    assert "3 already done, 1 to run" in lines[0]
+    assert (cells / "rloo" / "seed-1" / "ran").read_text() == "xx"
+    assert (cells / "grpo" / "seed-0" / "ran").read_text() == "x"
+
+
+def test_a_failed_cell_is_named_and_the_others_finish(tmp_path, monkeypatch):
+    _fake_cells(tmp_path, monkeypatch, fail_variant="rloo")
+    study, workdir = study_lib.load_study(SMOKE), tmp_path / "study"
+    with pytest.raises(
+        study_lib.StudyError, match=r"2 cell\(s\) failed: rloo/seed-0 \(exit 1; log "
+    ):
+        study_lib.run_study(study, str(workdir), log=lambda m: None)
+    results = json.loads((workdir / "results.json").read_text())
+    assert sorted(results["cells"]) == ["grpo/seed-0", "grpo/seed-1"]
+    assert not (workdir / "cells" / "rloo" / "seed-0" / "done").exists()
 
 
 def _start(workdir, cache, log):

@@ -235,11 +235,11 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
         evals = json.load(f)["evals"]
     before = evals.get("after_sft", {})
     final = evals.get("after_rl") or before
-    levels = {}
+    out = {}
     for key in levels:  # the report sets, e.g. simple@test
         b = evaluation.EvalResult.from_json(before[key])
         a = evaluation.EvalResult.from_json(final[key])
-        levels[key] = {
+        out[key] = {
             "protocol": {
                 "split": a.split,
                 "num_tasks": a.num_tasks,
@@ -258,7 +258,7 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
         [to_episodes(step), value]
         for step, value in sorted(dict(scalars.get("rollout/success_rate", ())).items())
     ]
-    return {"levels": levels, "rl_iterations": "after_rl" in evals, "curve": curve}
+    return {"levels": out, "rl_iterations": "after_rl" in evals, "curve": curve}
 
 
 # ------------------------------------------------------------------------------ aggregation
