@@ -40,6 +40,7 @@ import re
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -568,13 +569,17 @@ def run_study(
                 f"=== launch.study: cell {cell[0]}/seed-{cell[1]} started {time.ctime()}\n".encode()
             )
             logf.flush()
-            proc = subprocess.Popen(
-                _train_cmd(folder),
-                cwd=repo,
-                stdout=logf,
-                stderr=subprocess.STDOUT,
-                preexec_fn=_die_with_parent,
-            )
+            with warnings.catch_warnings():
+                # preexec_fn means fork then exec; JAX warns about forking once it has threads,
+                # but the child only calls prctl before exec, touching no lock JAX holds.
+                warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
+                proc = subprocess.Popen(
+                    _train_cmd(folder),
+                    cwd=repo,
+                    stdout=logf,
+                    stderr=subprocess.STDOUT,
+                    preexec_fn=_die_with_parent,
+                )
             running[cell] = (proc, time.monotonic(), logf)
             log(f"  start {cell[0]}/seed-{cell[1]}")
         time.sleep(0.5)
