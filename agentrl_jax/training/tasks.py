@@ -64,7 +64,9 @@ def make_tasks(
     raise ValueError(f"config.env.name={env!r} has no task source; valid: textworld, alfworld, swe")
 
 
-def report_levels(env_name: str, levels: tuple[str, ...], eval_levels: tuple[str, ...], count: int):
+def report_levels(
+    env_name: str, levels: tuple[str, ...], eval_levels: tuple[str, ...], count: int
+) -> list[str]:
     """The before/after report's sets as ``level@split``: ``levels`` (or, empty, the names of
     ``eval_levels``) on the env's ``REPORT_SPLIT`` unless a level names its own; none when
     ``count`` (games per level) is 0."""
