@@ -2,7 +2,8 @@ r"""The built-in default: the tiny policy on simple TextWorld games, SFT then GR
 
     python -m launch.train --config=configs/tiny_textworld.py --workdir=runs/tiny_textworld
 
-Held-out evaluation on simple (the training complexity) and medium (the next harder one).
+Held-out evaluation on simple (the training complexity) and medium (the next harder one): valid
+games for checkpoint selection, and the before/after table on test games (docs/evaluation.md).
 ``--config=configs/tiny_textworld.py:smoke`` shrinks the run for a quick look at every stage;
 ``:test`` shrinks it further (a 1-layer model) for the test suite.
 """
@@ -19,6 +20,11 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.env.kwargs = dict(reward="dense", max_steps=6, admissible_commands=True)
     # 400 games for the demonstrations, then 64 that RL plays and no demonstration showed.
     c.env.update(train_levels=("simple",), eval_levels=("simple", "medium"), num_train_tasks=464)
+    # The before/after table: 50 test games per level, after SFT and after RL (valid games select,
+    # test games report; docs/evaluation.md). 200 per level would add ~9 minutes on a fresh clone
+    # (generating 400 test games, then 800 greedy episodes) to a run budgeted at 20; headline
+    # figures evaluate the finished run with launch.eval --split=test --num_tasks=200.
+    c.env.num_report_tasks = 50
     c.curriculum.stages = [[("simple", 1.0)]]
     # Constrained decoding: the policy writes one of the admissible commands (20 tokens hold the
     # longest one at this vocabulary). Free decoding left the tiny model misspelling the objects
@@ -53,6 +59,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # The test suite's run: a 1-layer model, 1 demonstration, 3 RL iterations of 2 x 2.
         c.env.num_train_tasks = 2  # 1 for the demonstration, 1 unseen for RL
         c.env.num_eval_tasks = 1
+        c.env.num_report_tasks = 1  # the before/after table's test game
         c.env.eval_levels = ("simple",)
         c.env.envs_per_worker = 2
         c.env.kwargs.max_steps = 3
@@ -78,6 +85,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if arg == "smoke":
         c.env.num_train_tasks = 8  # 6 for the demonstrations, 2 unseen for RL
         c.env.num_eval_tasks = 2
+        c.env.num_report_tasks = 2
         c.env.envs_per_worker = 4
         c.model.tokenizer_vocab = 400
         c.budget = dict(total=120, sft_fraction=0.5)  # 6 demonstrations, 60 RL episodes

@@ -13,6 +13,12 @@ in ``config_changes.jsonl``; see ``training/workdir_config.py``). A checkpoint t
 written (disk full, read-only workdir) stops the run with an error naming its path; the previous
 checkpoint stays restorable.
 
+The before/after table (``report.md``, printed) is on the report split (TextWorld: ``test``,
+``config.env.num_report_tasks`` games per level), with 95% Wilson intervals and RL's gain with its
+paired interval; ``report.json`` holds those rows (``before_after``) and every evaluation
+(``evals``: per name, per level, the result with its split, decoding, temperature, seed and
+per-game outcomes).
+
 Multi-host: the same command on every host, one process each, with ``--coordinator_address``,
 ``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
 ``JAX_PROCESS_ID`` in the environment, or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU pod or
@@ -31,6 +37,7 @@ from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
 from agentrl_jax.training import cli, workdir_config
+from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.checkpoint import CheckpointWriteError
 from agentrl_jax.training.config import ConfigError, from_config_dict
 
@@ -83,6 +90,7 @@ def main(argv):
     try:
         evals = trainer.run()
         table = trainer.before_after()
+        rows = evaluation.before_after_rows(trainer.before_after_results())
     except CheckpointWriteError as e:
         logging.error("%s", e)
         print(f"checkpoint error: {e}", file=sys.stderr)
@@ -95,7 +103,7 @@ def main(argv):
     with open(os.path.join(workdir, "report.md"), "w") as f:
         f.write(table + "\n")
     with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump(evals, f, indent=2, sort_keys=True)
+        json.dump({"before_after": rows, "evals": evals}, f, indent=2, sort_keys=True)
     print(table)
     logging.info("done")
     print(

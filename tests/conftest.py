@@ -26,19 +26,21 @@ def textworld_games(tmp_path_factory):
     """A few small TextWorld games generated once per session into a tmp cache.
 
     Returns a dict: ``root`` (the cache root) and task lists ``train`` (3 simple games),
-    ``valid`` (1 simple game) and ``cooking`` (1 tw-cooking game, max score 3).
+    ``valid`` (1 simple game), ``test`` (1 simple game: the ``:test`` config's report) and
+    ``cooking`` (1 tw-cooking game, max score 3).
     """
     from agentrl_jax.envs import games
 
     root = tmp_path_factory.getbasetemp() / "agentrl_cache"
     cooking = "tw-cooking:recipe=1,take=1,go=1"
     jobs = [("simple", "train", i) for i in range(3)]
-    jobs += [("simple", "valid", 0), (cooking, "train", 0)]
+    jobs += [("simple", "valid", 0), ("simple", "test", 0), (cooking, "train", 0)]
     games.generate(jobs, root=root, workers=2, progress=False)  # One parallel batch.
     make = lambda spec, split, n: games.make_tasks(spec, split, n, root=root, progress=False)
     return {
         "root": root,
         "train": make("simple", "train", 3),
         "valid": make("simple", "valid", 1),
+        "test": make("simple", "test", 1),
         "cooking": make(cooking, "train", 1),
     }

@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 
 import pytest
 from train_cli import REPO, train_cmd
@@ -33,6 +34,37 @@ def test_unusable_workdir_names_the_path_and_why(tmp_path):
     assert rc == 2
     assert line.startswith(f"workdir error: cannot use --workdir={str(blocker / 'run')!r}"), line
     assert "NotADirectoryError" in line
+
+
+def _eval(workdir, *flags):
+    cmd = [sys.executable, "-m", "launch.eval", f"--workdir={workdir}", *flags]
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    return proc.returncode, proc.stderr.strip().splitlines()[-1]
+
+
+def test_eval_flags_end_in_one_line(tmp_path):
+    from agentrl_jax.training.config import load_config_file
+
+    cd = load_config_file(os.path.join(REPO, "configs", "tiny_textworld.py:smoke"))
+    cd.env.kwargs.admissible_commands = False  # an env that lists no commands
+    cd.rollout.constrain_actions = False
+    (tmp_path / "config.json").write_text(cd.to_json_best_effort())
+    rc, line = _eval(tmp_path, "--split=train")
+    assert rc == 2
+    assert line == (
+        "eval: --split='train' is not a held-out split of 'textworld'; expected one of valid, test"
+    )
+    rc, line = _eval(tmp_path, "--decoding=constrained")
+    assert rc == 2
+    assert line.startswith(
+        "config error: config.rollout.constrain_actions=True (constrained decoding) needs the "
+        "env's admissible commands, but config.env.kwargs.admissible_commands=False"
+    ), line
+    rc, line = _eval(tmp_path, "--decoding=greedy")
+    assert rc == 2 and "--decoding" in line and "free" in line and "constrained" in line, line
+    rc, line = _eval(tmp_path, "--num_task=3")
+    assert rc == 2 and "num_task" in line, line
 
 
 def test_override_check_walks_nested_sections():

@@ -26,13 +26,22 @@ SNAPSHOT = os.path.join(REPO, "tests", "data", "resolved_configs.json")
 # Changes to a shipped config's resolved values made on purpose since the snapshot:
 # {"configs/x.py[:arg]": {"section.field": new_value}}. ENVRL's horizon: 0 (the whole RL phase)
 # replaced 100 updates as the default; model.remat names a policy ("none" | "full" | "save_dots",
-# was a bool) and model.scan_layers is new (on with the Qwen configs' full remat).
+# was a bool) and model.scan_layers is new (on with the Qwen configs' full remat); the
+# before/after report's test games are new (env.report_levels, env.num_report_tasks: 200, the
+# tiny default 50, its :test 1 and :smoke 2).
+REPORT_TASKS = {
+    "configs/tiny_textworld.py": 50,
+    "configs/tiny_textworld.py:test": 1,
+    "configs/tiny_textworld.py:smoke": 2,
+}
 with open(SNAPSHOT) as _f:
     INTENDED_CHANGES: dict[str, dict[str, object]] = {
         spec: {
             "envrl.horizon": 0,
             "model.remat": "full" if resolved["model"]["remat"] else "none",
             "model.scan_layers": bool(resolved["model"]["remat"]),
+            "env.report_levels": [],
+            "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
         }
         for spec, resolved in json.load(_f).items()
     }
@@ -55,6 +64,8 @@ def _shipped_specs():
     specs = []
     for path in sorted(glob.glob(os.path.join(REPO, "configs", "*.py"))):
         name = os.path.relpath(path, REPO)
+        if name == os.path.join("configs", "from_json.py"):
+            continue  # a loader of a saved config.json, not an experiment
         args = (None, "test", "smoke") if name.endswith("tiny_textworld.py") else (None,)
         specs += [name if a is None else f"{name}:{a}" for a in args]
     return specs

@@ -1,5 +1,6 @@
 """Evaluation: per-task-type success against hand-computed numbers, reports, tables, plots."""
 
+import dataclasses
 import json
 import math
 import os
@@ -16,16 +17,19 @@ from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.evaluate import (
+    EvalResult,
+    before_after_rows,
     before_after_table,
     evaluate,
     markdown_table,
     plot_learning_curve,
+    rl_episode_axis,
     summarize,
     task_type,
     write_report,
 )
 from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
-from agentrl_jax.training.tensorboard import SummaryWriter
+from agentrl_jax.training.tensorboard import SummaryWriter, read_scalars
 from agentrl_jax.training.trajectory import Step, Trajectory
 
 ALF_ID = "pick_two_obj_and_place-Pen-None-Desk-310/trial_T20190908_174617_548640"
@@ -202,14 +206,27 @@ def test_reports_json_and_markdown(tmp_path, greedy):
     assert data["per_type"]["medium"]["infra_failures"] == 2
     md = pathlib.Path(md_path).read_text()
     assert md.startswith("# Evaluation: valid_simple\n")
-    assert "| simple | 3 | 33.3% | 3.00 | 0.583 | 55.6% | 0 |" in md
-    assert "| **all** | 5 | 60.0% | 2.20 | 0.750 | 63.6% | 2 |" in md
+    assert "| simple | 3 | 33.3% | [6.1, 79.2] | 3.00 | 0.583 | 55.6% | 0 |" in md
+    assert "| **all** | 5 | 60.0% | [23.1, 88.2] | 2.20 | 0.750 | 63.6% | 2 |" in md
+    # How it was measured: split, games, decoding, temperature, seed; and each interval.
+    assert "7 valid games, free decoding, greedy; 95% Wilson intervals." in md
+    assert (data["split"], data["decoding"], data["temperature"], data["seed"]) == (
+        "valid",
+        "free",
+        0.0,
+        None,
+    )
+    assert data["overall"]["success_low"] == pytest.approx(0.230724, abs=1e-6)
+    assert [t for t, _ in data["outcomes"]] == [
+        t for t, w in result.outcomes
+    ]  # the 5 counted episodes, in play order
+    assert EvalResult.from_json(data) == result
     # An empty set has no rates: null in JSON, n/a in the table (never a fake 0%).
     empty = summarize([Trajectory(_task("x/0"), 0, infra_failure=True)], greedy=True, num_tasks=1)
     assert math.isnan(empty.success_rate)
     write_report(empty, tmp_path, "empty")
     assert json.loads((tmp_path / "empty.json").read_text())["overall"]["success_rate"] is None
-    assert "| **all** | 0 | n/a | n/a | n/a | n/a | 1 |" in markdown_table(empty)
+    assert "| **all** | 0 | n/a | n/a | n/a | n/a | n/a | 1 |" in markdown_table(empty)
     with pytest.raises(ValueError, match="plain file stem"):
         write_report(result, tmp_path, "a/b")
 
@@ -222,11 +239,33 @@ def test_before_after_table():
         ]
     )
     assert table.splitlines() == [
-        "| held-out set | episodes | after SFT | after RL | RL gain |",
-        "|---|---:|---:|---:|---:|",
-        "| simple (training complexity) | 50 | 62.0% | 90.0% | +28.0 pts |",
-        "| medium (next harder) | 50 / 40 | 20.0% | 20.0% | +0.0 pts |",
+        "| held-out set | episodes | after SFT | 95% CI | after RL | 95% CI | RL gain "
+        "| 95% CI (paired) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        # Paired on the same 50 games: 31 won by both, 14 only after RL, 5 by neither.
+        "| simple (training complexity) | 50 | 62.0% | [48.2, 74.1] | 90.0% | [78.6, 95.7] "
+        "| +28.0 pts | [14.7, 41.0] |",
+        # RL's result counted 40 of the games: the gain is on those 40 (8 vs 10 wins).
+        "| medium (next harder) | 50 / 40 | 20.0% | [11.2, 33.0] | 20.0% | [10.5, 34.8] "
+        "| -5.0 pts | [-14.6, 4.0] |",
+        "",
+        "40 valid games, greedy; 50 valid games, greedy. 95% Wilson intervals; the gain's "
+        "interval is Newcombe's for paired outcomes on the same games.",
     ]
+    rows = before_after_rows([("simple", _result(31, 50), _result(45, 50))])
+    assert rows[0]["after_sft"] == {
+        "wins": 31,
+        "n": 50,
+        "rate": 0.62,
+        "low": pytest.approx(0.481504, abs=1e-6),
+        "high": pytest.approx(0.741372, abs=1e-6),
+    }
+    gain = rows[0]["gain"]
+    assert (gain["n"], gain["both"], gain["only_after"], gain["only_before"]) == (50, 31, 14, 0)
+    assert gain["diff"] == pytest.approx(0.28) and gain["low"] == pytest.approx(0.146624, abs=1e-6)
+    # Reports written before outcomes were kept: the difference, without an interval.
+    old = [dataclasses.replace(r, outcomes=()) for r in (_result(31, 50), _result(45, 50))]
+    assert "| +28.0 pts | n/a |" in before_after_table([("simple", *old)])
     with pytest.raises(ValueError, match="no rows"):
         before_after_table([])
 
@@ -244,10 +283,49 @@ def test_learning_curve_png(tmp_path):
     png = out.read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png[16:20], "big"), int.from_bytes(png[20:24], "big")
-    assert (width, height) == (700, 540)  # figsize (7, 2.4 * 2 + 0.6) inches at 100 dpi
+    assert (width, height) == (700, 560)  # figsize (7, 2.5 * 2 + 0.6) inches at 100 dpi
     assert os.path.getsize(out) > 5000  # drawn lines and text, not a blank canvas
     assert plot_learning_curve(logdir, out, tags=["rollout/return"]) == ["rollout/return"]
     with pytest.raises(ValueError, match=r"no scalar \['eval/x'\]; its tags: \['rollout/return'"):
         plot_learning_curve(logdir, out, tags=["eval/x"])
     with pytest.raises(FileNotFoundError):
         plot_learning_curve(tmp_path / "nope", out)
+
+
+def test_learning_curve_phases_get_their_own_axes(tmp_path, monkeypatch):
+    # A run as the trainer logs it: 250 SFT steps, the after-SFT evaluation at step 0, then 3
+    # RL iterations of 64 episodes at steps 1..3, evaluated after the last.
+    logdir = str(tmp_path / "tb")
+    writer = SummaryWriter(logdir)
+    for step in range(1, 251):
+        writer.scalars({"sft/nll": 2.0 / step}, step)
+    writer.scalars({"eval/success_rate": 0.5}, 0)
+    for it in (1, 2, 3):
+        writer.scalars({"rollout/success_rate": 0.5 + it / 10, "rollout/episodes": 64.0}, it)
+    writer.scalars({"eval/success_rate": 0.8}, 3)
+    writer.close()
+    scalars = read_scalars(logdir)
+    to_episodes, label = rl_episode_axis(scalars)
+    assert label == "RL episodes" and [to_episodes(s) for s in (0, 1, 2, 3)] == [0, 64, 128, 192]
+    assert rl_episode_axis({})[1] == "RL iteration"
+
+    import matplotlib.axes  # noqa: PLC0415
+
+    drawn = []
+    real_plot = matplotlib.axes.Axes.plot
+
+    def plot(ax, xs, ys, *args, **kwargs):
+        drawn.append((list(xs), list(ys)))
+        return real_plot(ax, xs, ys, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    out = tmp_path / "curve.png"
+    tags = ["rollout/success_rate", "eval/success_rate", "sft/nll"]
+    assert plot_learning_curve(logdir, out, tags=tags) == [
+        "sft/nll",  # SFT first, against its steps
+        "rollout/success_rate",
+        "eval/success_rate",
+    ]
+    assert drawn[0][0] == list(range(1, 251))
+    assert drawn[1] == ([64, 128, 192], [pytest.approx(v) for v in (0.6, 0.7, 0.8)])
+    assert drawn[2] == ([0, 192], [0.5, pytest.approx(0.8)])  # evaluations at 0 and 192

@@ -52,6 +52,10 @@ from configs import tiny_textworld  # noqa: E402
         (dict(rl=dict(kl_clamp=-1.0)), r"config.rl: LossConfig.kl_clamp is -1.0; expected None"),
         (dict(rl=dict(value_clip=0.0)), r"config.rl: LossConfig.value_clip is 0.0; expected None"),
         (dict(envrl=dict(horizon=-5)), r"config.envrl.horizon is -5; expected an int >= 0"),
+        (
+            dict(env=dict(num_report_tasks=-1)),
+            r"config.env.num_report_tasks is -1; expected an int >= 0",
+        ),
     ],
 )
 def test_bad_config_fails_before_compute_naming_the_field(sections, match):
@@ -163,10 +167,26 @@ def reference_run(textworld_games, tmp_path_factory):
 
 def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
     workdir, text = reference_run
-    assert "| simple |" in text and "after SFT" in text and "RL gain" in text
+    # The before/after table is on the test game, with intervals and the protocol; the valid
+    # game (checkpoint selection) is evaluated too, but reported apart.
+    assert "| simple@test | 1 |" in text and "after SFT" in text and "RL gain" in text
+    assert (
+        "95% CI (paired)" in text and "1 test games, constrained decoding, greedy, seed 0" in text
+    )
     for sub in ("tensorboard", "checkpoints", "tokenizer"):
         assert (workdir / sub).is_dir(), sub
-    assert (workdir / "report.md").is_file() and (workdir / "report.json").is_file()
+    assert (workdir / "report.md").is_file()
+    report = json.loads((workdir / "report.json").read_text())
+    (row,) = report["before_after"]
+    assert (row["set"], row["split"], row["num_tasks"], row["decoding"]) == (
+        "simple@test",
+        "test",
+        1,
+        "constrained",
+    )
+    assert row["after_rl"]["n"] == 1 and row["gain"]["n"] == 1
+    after_rl = report["evals"]["after_rl"]
+    assert after_rl["simple"]["split"] == "valid" and after_rl["simple@test"]["split"] == "test"
     ref = read_scalars(str(workdir / "tensorboard"))
     assert sorted(_last_by_step(ref, "rollout/return")) == [1, 2, 3]
     for tag in (
@@ -181,6 +201,7 @@ def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
         "rollout/success_rate",
         "rollout/episode_length",
         "eval/simple/success_rate",
+        "report/simple@test/success_rate",
         "sft/nll",
     ):
         assert tag in ref, tag

@@ -59,7 +59,13 @@ def _bad_override(config, arg: str) -> str | None:
     """The error for ``--config.a.b=v`` when ``config`` has no ``a.b``, else None."""
     if config is None or not arg.startswith("--config."):
         return None
-    path = arg[len("--config.") :].split("=", 1)[0].split(".")
+    return missing_key(config, arg[len("--config.") :].split("=", 1)[0])
+
+
+def missing_key(config, dotted: str) -> str | None:
+    """The one-line error when ConfigDict ``config`` has no ``dotted`` key (``"rl.lr"``), naming
+    the section's valid keys and the closest match; None when it has it."""
+    path = dotted.split(".")
     node, where = config, "config"
     for key in path:
         keys = sorted(node.keys()) if hasattr(node, "keys") else []

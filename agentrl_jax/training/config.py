@@ -139,6 +139,9 @@ class EnvSection:
     eval_levels: tuple[str, ...] = ("simple", "medium")
     num_train_tasks: int = 200
     num_eval_tasks: int = 50
+    report_levels: tuple[str, ...] = ()  # empty: eval_levels, on the report split
+    # Games per level of the before/after report (0: the report reads the valid evaluations).
+    num_report_tasks: int = 200
     num_workers: int = 2  # actor processes (0: one per CPU)
     envs_per_worker: int = 16
 
@@ -154,6 +157,7 @@ class EnvSection:
                 raise ConfigError(f"config.env.{name} is empty; expected at least one level")
         _integer("config.env.num_train_tasks", self.num_train_tasks, 1)
         _integer("config.env.num_eval_tasks", self.num_eval_tasks, 1)
+        _integer("config.env.num_report_tasks", self.num_report_tasks, 0)
         _integer("config.env.num_workers", self.num_workers, 0)
         _integer("config.env.envs_per_worker", self.envs_per_worker, 1)
 

@@ -14,6 +14,13 @@ the task id; else the first part of the task id.
 
 Episodes lost to the actor pool (``infra_failure``) say nothing about the policy: they are left
 out of every rate and mean, and counted.
+
+Every result says how it was measured: the split its tasks came from, the number of games, the
+decoding mode (``free``, or ``constrained`` to the env's admissible commands), the sampling
+temperature (0: greedy), the run's seed, and a 95% Wilson interval for each success rate
+(``training/stats.py``). It keeps each counted episode's outcome by task id, so two results on the
+same games (after SFT, after RL) get a paired interval for their difference
+(:func:`paired_gain`, Newcombe's method for paired data).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 import jax
 
 from agentrl_jax.sampling import SamplingParams
+from agentrl_jax.training import stats as stats_lib
 from agentrl_jax.training.rollout import RolloutWorker
 from agentrl_jax.training.trajectory import Trajectory
 
@@ -63,6 +71,11 @@ class Stats:
     truncated: int
     infra_failures: int
 
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The 95% Wilson interval of ``success_rate`` (NaN without episodes)."""
+        return stats_lib.wilson_interval(self.wins, self.episodes)
+
     @classmethod
     def of(cls, trajs: Sequence[Trajectory]) -> Stats:
         counted = [t for t in trajs if not t.infra_failure]
@@ -83,6 +96,9 @@ class Stats:
         )
 
 
+DECODING_MODES = ("free", "constrained")
+
+
 @dataclasses.dataclass(frozen=True)
 class EvalResult:
     """Attributes:
@@ -90,38 +106,94 @@ class EvalResult:
     per_type: Stats per task type, sorted by type.
     greedy: whether actions were greedy.
     num_tasks: tasks evaluated (each played group_size times when sampling).
+    split: the split the tasks came from ("test", "valid", ...; "a+b" if mixed; "" unknown).
+    decoding: "free" or "constrained" (to the env's admissible commands); "" unknown.
+    temperature: the sampling temperature (0.0: greedy).
+    seed: the run's seed (the policy's), when known.
+    outcomes: (task id, won) of every counted episode, in play order: what pairs two results.
     """
 
     overall: Stats
     per_type: dict[str, Stats]
     greedy: bool
     num_tasks: int
+    split: str = ""
+    decoding: str = ""
+    temperature: float = 0.0
+    seed: int | None = None
+    outcomes: tuple[tuple[str, bool], ...] = ()
 
     @property
     def success_rate(self) -> float:
         return self.overall.success_rate
 
+    @property
+    def protocol(self) -> str:
+        """How it was measured: ``200 test games, constrained decoding, greedy, seed 0``."""
+        mode = "greedy" if self.greedy else f"sampled at T={self.temperature:g}"
+        parts = [f"{self.num_tasks} {self.split or 'held-out'} games"]
+        if self.decoding:
+            parts.append(f"{self.decoding} decoding")
+        parts.append(mode)
+        if self.seed is not None:
+            parts.append(f"seed {self.seed}")
+        return ", ".join(parts)
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EvalResult:
-        """Inverts ``to_json`` (reports kept in checkpoint metadata come back as results)."""
+        """Inverts ``to_json`` (reports kept in checkpoint metadata come back as results; those
+        written before the protocol fields existed get their defaults)."""
+        names = {f.name for f in dataclasses.fields(Stats)}
 
         def stats(d: dict[str, Any]) -> Stats:
-            return Stats(**{k: float("nan") if v is None else v for k, v in d.items()})
+            return Stats(
+                **{k: float("nan") if v is None else v for k, v in d.items() if k in names}
+            )
 
         return cls(
             overall=stats(data["overall"]),
             per_type={k: stats(v) for k, v in data["per_type"].items()},
             greedy=bool(data["greedy"]),
             num_tasks=int(data["num_tasks"]),
+            split=str(data.get("split", "")),
+            decoding=str(data.get("decoding", "")),
+            temperature=float(data.get("temperature", 0.0)),
+            seed=data.get("seed"),
+            outcomes=tuple((str(t), bool(w)) for t, w in data.get("outcomes", ())),
         )
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "greedy": self.greedy,
+            "split": self.split,
             "num_tasks": self.num_tasks,
+            "decoding": self.decoding,
+            "greedy": self.greedy,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "confidence": stats_lib.CONFIDENCE,
             "overall": _json_stats(self.overall),
             "per_type": {k: _json_stats(v) for k, v in self.per_type.items()},
+            "outcomes": [[t, int(w)] for t, w in self.outcomes],
         }
+
+
+def paired_gain(before: EvalResult, after: EvalResult) -> stats_lib.PairedDifference:
+    """``after - before`` success on the games both results counted, with its paired interval.
+
+    Episodes are matched by task id (the i-th episode of a task in one with the i-th in the
+    other); games only one result counted (an infrastructure failure in the other) are left out.
+    """
+    played: dict[str, list[bool]] = {}
+    for task, won in before.outcomes:
+        played.setdefault(task, []).append(won)
+    seen: dict[str, int] = {}
+    pairs = []
+    for task, won in after.outcomes:
+        i = seen.get(task, 0)
+        seen[task] = i + 1
+        if i < len(played.get(task, ())):
+            pairs.append((played[task][i], won))
+    return stats_lib.paired_difference([b for b, _ in pairs], [a for _, a in pairs])
 
 
 def task_type(traj: Trajectory) -> str:
@@ -151,8 +223,16 @@ def _level_name(spec: str) -> str:
     return spec
 
 
-def summarize(trajs: Sequence[Trajectory], *, greedy: bool, num_tasks: int) -> EvalResult:
-    """Aggregates played episodes into an EvalResult."""
+def summarize(
+    trajs: Sequence[Trajectory],
+    *,
+    greedy: bool,
+    num_tasks: int,
+    decoding: str = "",
+    temperature: float = 0.0,
+    seed: int | None = None,
+) -> EvalResult:
+    """Aggregates played episodes into an EvalResult (the split is read off their tasks)."""
     by_type: dict[str, list[Trajectory]] = {}
     for traj in trajs:
         by_type.setdefault(task_type(traj), []).append(traj)
@@ -161,6 +241,11 @@ def summarize(trajs: Sequence[Trajectory], *, greedy: bool, num_tasks: int) -> E
         per_type={k: Stats.of(v) for k, v in sorted(by_type.items())},
         greedy=greedy,
         num_tasks=num_tasks,
+        split="+".join(sorted({t.task.split for t in trajs})),
+        decoding=decoding,
+        temperature=0.0 if greedy else temperature,
+        seed=seed,
+        outcomes=tuple((t.task.id, bool(t.won)) for t in trajs if not t.infra_failure),
     )
 
 
@@ -172,6 +257,7 @@ def evaluate(
     greedy: bool = True,
     sampling: SamplingParams | None = None,
     batch_size: int | None = None,
+    seed: int | None = None,
 ) -> EvalResult:
     """Plays every task with the policy and reports success overall and per task type.
 
@@ -183,9 +269,10 @@ def evaluate(
         False samples ``worker.config.group_size`` episodes per task with ``sampling``.
       sampling: the distribution when not greedy (default: the sampler's own).
       batch_size: episodes played at once (default: the actor pool's capacity, else all).
+      seed: the run's seed, recorded in the result (the policy's; greedy play needs no key).
 
     Returns:
-      EvalResult.
+      EvalResult, with the decoding mode of ``worker.config.constrain_actions``.
     """
     if not tasks:
         raise ValueError("evaluate() got no tasks; expected at least one held-out task")
@@ -203,7 +290,14 @@ def evaluate(
         trajs += worker.run(
             chunk, jax.random.fold_in(rng, c), sampling=sampling, group_offset=start
         )
-    return summarize(trajs, greedy=greedy, num_tasks=len(tasks))
+    return summarize(
+        trajs,
+        greedy=greedy,
+        num_tasks=len(tasks),
+        decoding="constrained" if worker.config.constrain_actions else "free",
+        temperature=(sampling or SamplingParams()).temperature,
+        seed=seed,
+    )
 
 
 # ------------------------------------------------------------------------------------ reports
@@ -227,19 +321,52 @@ def write_report(result: EvalResult, out_dir: str | os.PathLike, name: str) -> t
 def markdown_table(result: EvalResult) -> str:
     """One row per task type, then the overall row."""
     lines = [
-        "| task type | episodes | success | mean steps | mean return | invalid actions "
+        "| task type | episodes | success | 95% CI | mean steps | mean return | invalid actions "
         "| infra failures |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = [*result.per_type.items(), ("**all**", result.overall)]
     for label, s in rows:
         lines.append(
-            f"| {label} | {s.episodes} | {_pct(s.success_rate)} | {_num(s.mean_steps)} "
+            f"| {label} | {s.episodes} | {_pct(s.success_rate)} "
+            f"| {stats_lib.fmt_interval(*s.interval)} | {_num(s.mean_steps)} "
             f"| {_num(s.mean_return, 3)} | {_pct(s.invalid_action_rate)} | {s.infra_failures} |"
         )
-    mode = "greedy" if result.greedy else "sampled"
-    lines.append(f"\n{result.num_tasks} tasks, {mode} actions.")
+    lines.append(f"\n{result.protocol}; 95% Wilson intervals.")
     return "\n".join(lines)
+
+
+def _gain(sft: EvalResult, rl: EvalResult) -> stats_lib.PairedDifference:
+    """``paired_gain``; for reports written before outcomes were kept, the plain difference of
+    the rates without an interval."""
+    gain = paired_gain(sft, rl)
+    if sft.outcomes and rl.outcomes:
+        return gain
+    diff = rl.success_rate - sft.success_rate
+    return dataclasses.replace(gain, diff=diff, low=float("nan"), high=float("nan"))
+
+
+def before_after_rows(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> list[dict[str, Any]]:
+    """The before/after comparison as JSON rows: each result's rate with its Wilson interval, and
+    RL's gain on the games both counted with its paired (Newcombe) interval."""
+    out = []
+    for label, sft, rl in rows:
+        gain = _gain(sft, rl)
+        out.append(
+            {
+                "set": label,
+                "split": rl.split,
+                "num_tasks": rl.num_tasks,
+                "decoding": rl.decoding,
+                "greedy": rl.greedy,
+                "temperature": rl.temperature,
+                "seed": rl.seed,
+                "after_sft": stats_lib.rate_json(sft.overall.wins, sft.overall.episodes),
+                "after_rl": stats_lib.rate_json(rl.overall.wins, rl.overall.episodes),
+                "gain": gain.to_json(),
+            }
+        )
+    return out
 
 
 def before_after_table(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> str:
@@ -247,34 +374,47 @@ def before_after_table(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> st
 
     Args:
       rows: (label, result after SFT, result after RL), e.g. the training complexity, then the
-        next harder one.
+        next harder one, both on the same games.
 
     Returns:
-      A markdown table; the last column is RL's gain in percentage points.
+      A markdown table with 95% Wilson intervals; the last columns are RL's gain in percentage
+      points on the games both results counted and its paired interval (Newcombe), then a line
+      per protocol (split, games, decoding, temperature, seed).
     """
     if not rows:
         raise ValueError("before_after_table got no rows; expected (label, sft, rl) tuples")
     lines = [
-        "| held-out set | episodes | after SFT | after RL | RL gain |",
-        "|---|---:|---:|---:|---:|",
+        "| held-out set | episodes | after SFT | 95% CI | after RL | 95% CI | RL gain "
+        "| 95% CI (paired) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, sft, rl in rows:
-        gain = 100.0 * (rl.success_rate - sft.success_rate)
+        gain = _gain(sft, rl)
         episodes = (
             str(sft.overall.episodes)
             if sft.overall.episodes == rl.overall.episodes
             else f"{sft.overall.episodes} / {rl.overall.episodes}"
         )
         lines.append(
-            f"| {label} | {episodes} | {_pct(sft.success_rate)} | {_pct(rl.success_rate)} "
-            f"| {'n/a' if math.isnan(gain) else f'{gain:+.1f} pts'} |"
+            f"| {label} | {episodes} | {_pct(sft.success_rate)} "
+            f"| {stats_lib.fmt_interval(*sft.overall.interval)} | {_pct(rl.success_rate)} "
+            f"| {stats_lib.fmt_interval(*rl.overall.interval)} "
+            f"| {'n/a' if math.isnan(gain.diff) else f'{100 * gain.diff:+.1f} pts'} "
+            f"| {stats_lib.fmt_interval(gain.low, gain.high)} |"
         )
+    protocols = sorted({r.protocol for _, sft, rl in rows for r in (sft, rl)})
+    lines.append(
+        f"\n{'; '.join(protocols)}. 95% Wilson intervals; the gain's interval is Newcombe's "
+        "for paired outcomes on the same games."
+    )
     return "\n".join(lines)
 
 
 def _json_stats(s: Stats) -> dict[str, Any]:
     # JSON has no NaN: an empty set's rates are null.
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in vars(s).items()}
+    low, high = s.interval
+    out = {**vars(s), "success_low": low, "success_high": high}
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
 
 
 def _pct(x: float) -> str:
@@ -295,7 +435,13 @@ def plot_learning_curve(
     *,
     title: str | None = None,
 ) -> list[str]:
-    """Plots TensorBoard scalars against the step, one panel per tag, into a PNG.
+    """Plots a run's TensorBoard scalars into a PNG, each training phase against its own axis.
+
+    SFT scalars (``sft/*``) are drawn against the SFT step; everything else (rollouts, losses,
+    evaluations) against the RL episodes played so far (the running sum of
+    ``rollout/episodes``; RL iterations when the run did not log it), the after-SFT evaluation
+    at 0. Every RL panel marks the points where a held-out evaluation ran (dotted lines), and
+    the evaluation panels draw each evaluation as a point.
 
     Args:
       logdir: a folder of TensorBoard event files (``SummaryWriter``'s logdir).
@@ -332,21 +478,37 @@ def plot_learning_curve(
                 f"its tags: {sorted(scalars)}"
             )
         chosen = list(tags)
-    fig, axes = plt.subplots(
-        len(chosen), 1, figsize=(7, 2.4 * len(chosen) + 0.6), sharex=True, squeeze=False
-    )
+    # SFT panels first, then RL's, each phase in the order given.
+    chosen = sorted(chosen, key=lambda t: not t.startswith("sft/"))
+    rl_x, rl_label = rl_episode_axis(scalars)
+    eval_steps = sorted({s for t, v in scalars.items() if t.startswith("eval/") for s, _ in v})
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(7, 2.5 * len(chosen) + 0.6), squeeze=False)
     for ax, tag in zip(axes[:, 0], chosen):
         # A resumed run rewrites the steps after its checkpoint: the last value written wins
         # (event files are read in the order they were written).
         by_step = dict(scalars[tag])
         steps = sorted(by_step)
         values = [by_step[s] for s in steps]
-        ax.plot(steps, values, marker="o" if len(steps) <= 50 else None, ms=3, lw=1.5)
+        if tag.startswith("sft/"):
+            ax.plot(steps, values, lw=1.5, marker="o" if len(steps) <= 50 else None, ms=3)
+            ax.set_xlabel("SFT step", fontsize=8)
+        else:
+            xs = [rl_x(s) for s in steps]
+            evaluation = tag.startswith(("eval/", "test/"))
+            ax.plot(
+                xs, values, lw=1.5, marker="D" if evaluation else "o", ms=5 if evaluation else 3
+            )
+            for i, step in enumerate(eval_steps):
+                ax.axvline(
+                    rl_x(step), color="grey", ls=":", lw=1, label="evaluation" if i == 0 else None
+                )
+            if eval_steps:
+                ax.legend(fontsize=7, loc="best")
+            ax.set_xlabel(rl_label, fontsize=8)
         ax.set_ylabel(tag, fontsize=8)
         ax.grid(alpha=0.3)
         if "success" in tag:
             ax.set_ylim(-0.02, 1.02)
-    axes[-1, 0].set_xlabel("step")
     fig.suptitle(title or f"learning curve: {os.path.basename(os.path.normpath(logdir))}")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(out_png)), exist_ok=True)
@@ -355,14 +517,34 @@ def plot_learning_curve(
     return chosen
 
 
+def rl_episode_axis(scalars: dict[str, list[tuple[int, float]]]):
+    """(step -> RL episodes played by the end of that iteration, axis label) of a run's scalars.
+
+    The RL phase logs iteration ``i`` at step ``i`` (1-based; the after-SFT evaluation at 0) with
+    ``rollout/episodes``, which every RL iteration writes.
+    """
+    per_step = dict(scalars.get("rollout/episodes", ()))
+    if not per_step:
+        return (lambda step: step), "RL iteration"
+    total, played = 0.0, {0: 0.0}
+    for step in sorted(per_step):
+        total += per_step[step]
+        played[step] = total
+    return (lambda step: played.get(step, float(step))), "RL episodes"
+
+
 __all__ = [
+    "DECODING_MODES",
     "DEFAULT_CURVE_TAGS",
     "EvalResult",
     "Stats",
+    "before_after_rows",
     "before_after_table",
     "evaluate",
     "markdown_table",
+    "paired_gain",
     "plot_learning_curve",
+    "rl_episode_axis",
     "summarize",
     "task_type",
     "write_report",

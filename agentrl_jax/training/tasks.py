@@ -6,6 +6,12 @@ come from disjoint splits (TextWorld: disjoint seed ranges; ALFWorld: train vs v
 valid_unseen; SWE: a fixed fifth of a JSONL file's instances, chosen by a hash of the instance
 id, is the ``eval`` split and the rest ``train``). An evaluation level may name its split:
 ``all@valid_seen``. SWE levels are ``all`` or a repository name.
+
+Evaluation protocol: ``EVAL_SPLIT`` is the split tuning and checkpoint selection read (the
+in-run evaluations); ``REPORT_SPLIT`` is the one the reported before/after numbers come from,
+which no tuning path reads (TextWorld: ``test``; ALFWorld and SWE have no third split, so their
+report reads the same split as their evaluations). ``HELD_OUT_SPLITS`` are the splits
+``launch.eval --split`` accepts.
 """
 
 from __future__ import annotations
@@ -15,6 +21,12 @@ from typing import Any
 from agentrl_jax.envs.base import Task
 
 EVAL_SPLIT = {"textworld": "valid", "alfworld": "valid_unseen", "swe": "eval"}
+REPORT_SPLIT = {"textworld": "test", "alfworld": "valid_unseen", "swe": "eval"}
+HELD_OUT_SPLITS = {
+    "textworld": ("valid", "test"),
+    "alfworld": ("valid_seen", "valid_unseen"),
+    "swe": ("eval",),
+}
 
 
 def make_tasks(
@@ -48,6 +60,19 @@ def make_tasks(
         chosen = [t for t in records if (stable_key(t.instance_id) % 5 == 0) == (split == "eval")]
         return [Task(env="swe", split=split, id=t.instance_id) for t in chosen[:count]]
     raise ValueError(f"config.env.name={env!r} has no task source; valid: textworld, alfworld, swe")
+
+
+def report_levels(
+    env_name: str, levels: tuple[str, ...], eval_levels: tuple[str, ...], count: int
+) -> list[str]:
+    """The before/after report's sets as ``level@split``: ``levels`` (or, empty, the names of
+    ``eval_levels``) on the env's ``REPORT_SPLIT`` unless a level names its own; none when
+    ``count`` (games per level) is 0."""
+    if not count:
+        return []
+    split = REPORT_SPLIT.get(env_name, "test")
+    chosen = levels or tuple(level.partition("@")[0] for level in eval_levels)
+    return ["@".join(parse_level(level, split)) for level in chosen]
 
 
 def parse_level(level: str, default_split: str) -> tuple[str, str]:

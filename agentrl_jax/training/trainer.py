@@ -5,8 +5,10 @@
       -> TensorBoard, checkpoints (orbax), evaluation
 
 A run is: build or load the tokenizer, SFT on expert demonstrations, evaluate, RL iterations,
-evaluate. Everything is deterministic given the seed on CPU: each iteration derives its JAX key
-and numpy generator from (seed, iteration), so a resumed run repeats exactly what an
+evaluate. Evaluations on the tuning split (``valid``) drive checkpoint selection; the two at the
+ends of the phases also play the report split (``test``), which the before/after table reads.
+Everything is deterministic given the seed on CPU: each iteration derives its JAX key and numpy
+generator from (seed, iteration), so a resumed run repeats exactly what an
 uninterrupted run does. Rerunning with the same workdir resumes from the last checkpoint.
 
 Multi-host (``jax.process_count() > 1``): every process runs this same code; each plays its
@@ -50,7 +52,7 @@ from agentrl_jax.training.curriculum import Curriculum
 from agentrl_jax.training.learner import Learner, LossWeights
 from agentrl_jax.training.rl_update import RLUpdate
 from agentrl_jax.training.rollout import RolloutWorker, render_observation
-from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level
+from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
 
@@ -203,6 +205,21 @@ class Trainer:
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
 
     # ------------------------------------------------------------------ setup
+
+    @property
+    def report_levels(self) -> list[str]:
+        """The before/after table's sets, ``level@split`` (none when ``num_report_tasks`` is 0)."""
+        env = self.config.env
+        return report_levels(env.name, env.report_levels, env.eval_levels, env.num_report_tasks)
+
+    @functools.cached_property
+    def report_tasks(self) -> dict[str, list[Task]]:
+        """The report split's tasks per ``report_levels`` entry (generated on first use)."""
+        env = self.config.env
+        return {
+            key: make_tasks(env.name, *parse_level(key, ""), env.num_report_tasks, dict(env.kwargs))
+            for key in self.report_levels
+        }
 
     @functools.cached_property
     def train_tasks(self) -> dict[str, list]:
@@ -472,7 +489,7 @@ class Trainer:
         # The SFT moments go before the RL state (policy, critic, their moments) is made.
         self.sft_state = self.sft_learner = None
         self.state = self.learner.init(self.policy, self.critic)
-        metrics = self.evaluate("after_sft")
+        metrics = self.evaluate("after_sft", report=True)
         self.writer.scalars(metrics, 0)
         self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
         self.meta["phase"] = "rl"
@@ -500,7 +517,7 @@ class Trainer:
             self.meta["rl_iteration"] = it + 1
             last = it + 1 == total
             if last or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
-                metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}"))
+                metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}", report=last))
             if last:
                 self.meta["phase"] = "done"
             self.writer.scalars(metrics, it + 1)
@@ -564,39 +581,57 @@ class Trainer:
             policy = multihost.local_replica(policy, self.mesh, self.local_mesh)
         self.sampler.set_state(policy)
 
-    def evaluate(self, name: str) -> dict[str, float]:
-        """Greedy episodes on every held-out level: reports under workdir/eval, metrics back."""
+    def evaluate(self, name: str, *, report: bool = False) -> dict[str, float]:
+        """Greedy episodes on every held-out level: reports under workdir/eval, metrics back.
+
+        The tuning split's levels (``eval_tasks``) give ``eval/<level>/*`` and
+        ``eval/success_rate`` (the checkpoint-selection metric); with ``report`` the report split's
+        (``report_tasks``, e.g. ``simple@test``) give ``report/<level@split>/*``, kept apart so
+        that nothing selects on them. A set equal to one already played is not played again.
+        """
         self._sync_sampler()
-        out, report = {}, {}
-        for level, tasks in self.eval_tasks.items():
-            result = evaluation.evaluate(self.worker, tasks, jax.random.key(0), greedy=True)
+        sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
+        if report:
+            sets += [("report", key, tasks) for key, tasks in self.report_tasks.items()]
+        out, results, played = {}, {}, {}
+        for prefix, level, tasks in sets:
+            ids = tuple((t.split, t.id) for t in tasks)
+            if ids not in played:
+                played[ids] = evaluation.evaluate(
+                    self.worker, tasks, jax.random.key(0), greedy=True, seed=self.config.seed
+                )
+            result = results[level] = played[ids]
             if multihost.is_primary():
                 evaluation.write_report(
                     result, os.path.join(self.workdir, "eval"), f"{name}_{level.replace('@', '_')}"
                 )
-            report[level] = result.to_json()
             overall = result.overall
-            out[f"eval/{level}/success_rate"] = overall.success_rate
-            out[f"eval/{level}/mean_steps"] = overall.mean_steps
-            out[f"eval/{level}/mean_return"] = overall.mean_return
+            out[f"{prefix}/{level}/success_rate"] = overall.success_rate
+            out[f"{prefix}/{level}/mean_steps"] = overall.mean_steps
+            out[f"{prefix}/{level}/mean_return"] = overall.mean_return
         out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
-        self.meta["evals"][name] = report
+        self.meta["evals"][name] = {level: r.to_json() for level, r in results.items()}
         logging.info("eval %s: %s", name, {k: round(v, 3) for k, v in out.items()})
         return out
 
-    def before_after(self) -> str:
-        """The held-out success table after SFT alone and after RL (markdown)."""
+    def before_after_results(
+        self,
+    ) -> list[tuple[str, evaluation.EvalResult, evaluation.EvalResult]]:
+        """(set, result after SFT, result after RL) per report level (``simple@test``); a run
+        without report evaluations (``num_report_tasks=0``, or an older run) gives its valid
+        levels instead. Empty until both evaluations exist."""
         evals = self.meta["evals"]
-        if "after_sft" not in evals or "after_rl" not in evals:
+        sft, rl = evals.get("after_sft", {}), evals.get("after_rl", {})
+        keys = [k for k in self.report_levels if k in sft and k in rl]
+        keys = keys or [k for k in self.eval_tasks if k in sft and k in rl]
+        from_json = evaluation.EvalResult.from_json
+        return [(k, from_json(sft[k]), from_json(rl[k])) for k in keys]
+
+    def before_after(self) -> str:
+        """The held-out success table after SFT alone and after RL (markdown, with intervals)."""
+        rows = self.before_after_results()
+        if not rows:
             return "(no before/after table: the run has no evaluation after SFT and after RL)"
-        rows = [
-            (
-                level,
-                evaluation.EvalResult.from_json(evals["after_sft"][level]),
-                evaluation.EvalResult.from_json(evals["after_rl"][level]),
-            )
-            for level in self.eval_tasks
-        ]
         return evaluation.before_after_table(rows)
 
     def close(self) -> None:

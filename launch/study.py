@@ -1,0 +1,38 @@
+r"""Runs a study: every (variant, seed) cell trained and evaluated, then the tables and curves.
+
+    python -m launch.study --study=configs/studies/smoke.py --workdir=studies/smoke
+    python -m launch.study --study=configs/studies/NAME.py --workdir=studies/NAME --parallel=2
+
+Each cell is a ``launch.train`` subprocess in ``WORKDIR/cells/<variant>/seed-<s>/run``; rerunning
+the same command resumes: finished cells (their ``done`` marker) are not run again, an interrupted
+cell continues from its last checkpoint. Writes ``WORKDIR/results.json``, ``results.md`` and
+``learning_curve.png``. ``--parallel=2`` runs two cells at once (each needs the memory of one
+run: about 4.5 GB for the tiny default). The study file format: ``agentrl_jax/training/study.py``.
+"""
+
+from absl import app, flags
+
+from agentrl_jax.training import cli
+from agentrl_jax.training import study as study_lib
+
+_STUDY = flags.DEFINE_string("study", None, "A configs/studies/NAME.py file.")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Where the cells and the results go.")
+_PARALLEL = flags.DEFINE_integer("parallel", 1, "Cells run at once (2 where memory allows).")
+
+
+def main(argv):
+    del argv
+    if not _STUDY.value or not _WORKDIR.value:
+        cli.fail("study: --study=configs/studies/NAME.py and --workdir=DIR are required")
+    try:
+        study = study_lib.load_study(_STUDY.value)
+        cli.usable_workdir(_WORKDIR.value)
+        study_lib.run_study(
+            study, _WORKDIR.value, parallel=_PARALLEL.value, log=lambda m: print(m, flush=True)
+        )
+    except study_lib.StudyError as e:
+        cli.fail(f"study error: {e}")
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=cli.parse_flags)

@@ -1,0 +1,262 @@
+"""The study runner: study files, cell configs, aggregation over seeds, and (slow) a whole study
+killed mid-way and resumed."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from train_cli import REPO
+
+from agentrl_jax.envs.base import Task
+from agentrl_jax.training import study as study_lib
+from agentrl_jax.training.config import from_config_dict
+
+SMOKE = os.path.join(REPO, "configs", "studies", "smoke.py")
+
+
+def _write_study(tmp_path, body: str) -> str:
+    path = tmp_path / "s.py"
+    path.write_text(f"def get_study():\n    return {body}\n")
+    return str(path)
+
+
+def test_smoke_study_cells_get_the_overrides_seed_and_evaluation():
+    study = study_lib.load_study(SMOKE)
+    assert study.cells() == [("grpo", 0), ("rloo", 0), ("grpo", 1), ("rloo", 1)]
+    cd = study_lib.cell_config(study, "rloo", 1)
+    cfg = from_config_dict(cd, num_devices=1)
+    assert cfg.seed == 1 and cfg.rl.algo == "rloo"
+    assert cfg.env.report_levels == ("simple@test",) and cfg.env.num_report_tasks == 1
+    assert cfg.rollout.constrain_actions
+    # The baseline config itself is left as it was.
+    assert (
+        from_config_dict(study_lib.cell_config(study, "grpo", 0), num_devices=1).rl.algo == "grpo"
+    )
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={}, seeds=(0,))", "non-empty"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0, 0))",
+         "distinct ints"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0,), "
+         "evaluation=dict(decoding='greedy'))", "'free', 'constrained' or None"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0,), "
+         "evaluation=dict(games=3))", r"unknown key\(s\) \['games'\]"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a b': {}}, seeds=(0,))",
+         "variant name 'a b'"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0,), "
+         "reference='b')", r"'reference'\] is 'b'; expected one of \['a'\]"),
+        ("dict(variants={'a': {}}, seeds=(0,), extra=1)", r"unknown key\(s\) \['extra'\]"),
+    ],
+)  # fmt: skip
+def test_bad_study_files_name_the_field(tmp_path, body, match):
+    with pytest.raises(study_lib.StudyError, match=match):
+        study_lib.load_study(_write_study(tmp_path, body))
+
+
+def test_unknown_override_key_is_the_cli_error(tmp_path):
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'a': {'rl.lr': 1}}, seeds=(0,))",
+    )
+    study = study_lib.load_study(path)
+    with pytest.raises(study_lib.StudyError) as e:
+        study_lib.cell_config(study, "a", 0)
+    assert "variant 'a': config error: config.rl has no key 'lr'; valid keys: actor_lr," in str(
+        e.value
+    )
+
+
+def _cell(rate, n=100, before=0.5):
+    wins, before_wins = round(rate * n), round(before * n)
+    return {
+        "levels": {
+            "simple@test": {
+                "after_sft": {"wins": before_wins, "n": n, "rate": before, "low": 0.4, "high": 0.6},
+                "final": {
+                    "wins": wins,
+                    "n": n,
+                    "rate": rate,
+                    "low": rate - 0.1,
+                    "high": rate + 0.1,
+                },
+                "gain": {"diff": rate - before, "low": -0.05, "high": 0.3},
+            }
+        },
+        "rl_iterations": True,
+        "curve": [[64, 0.3], [128, rate]],
+    }
+
+
+def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'base': {}, "
+        "'alt': {'rl.algo': 'rloo'}}, seeds=(0, 1, 2), evaluation=dict(num_tasks=100))",
+    )
+    study = study_lib.load_study(path)
+    cells = {("base", s): _cell(r) for s, r in zip((0, 1, 2), (0.5, 0.6, 0.7))}
+    cells |= {("alt", s): _cell(r) for s, r in zip((0, 1, 2), (0.6, 0.8, 0.7))}
+    results = study_lib.aggregate(study, cells)
+    base = results["variants"]["base"]["levels"]["simple@test"]
+    t2 = 4.302652729749464  # t(0.975, 2 degrees of freedom)
+    assert base["mean"] == pytest.approx(0.6)
+    assert base["high"] - base["mean"] == pytest.approx(t2 * 0.1 / math.sqrt(3))
+    assert "vs_reference" not in base
+    alt = results["variants"]["alt"]["levels"]["simple@test"]
+    # Per-seed differences 0.1, 0.2, 0.0: mean 0.1, sd 0.1.
+    vs = alt["vs_reference"]
+    assert vs["seeds"] == [0, 1, 2] and vs["mean"] == pytest.approx(0.1)
+    assert (vs["low"], vs["high"]) == pytest.approx(
+        (0.1 - t2 * 0.1 / math.sqrt(3), 0.1 + t2 * 0.1 / math.sqrt(3))
+    )
+    # A cell not yet done: the means and the pairing use the seeds that exist.
+    del cells[("alt", 2)]
+    partial = study_lib.aggregate(study, cells)["variants"]["alt"]
+    assert partial["cells_done"] == 2
+    assert partial["levels"]["simple@test"]["vs_reference"]["seeds"] == [0, 1]
+    md = study_lib.results_markdown(results)
+    assert "| base | simple@test | 3 | 60.0% | [35.2, 84.8] | (reference) | |" in md
+    assert "| alt | simple@test | 3 | 70.0% | [45.2, 94.8] | +10.0 | [-14.8, 34.8] |" in md
+    assert (
+        "| alt/seed-1 | simple@test | 50.0% | [40.0, 60.0] | 80.0% | [70.0, 90.0] | +30.0 |" in md
+    )
+    # One seed: no spread, so no interval (null, n/a), never a made-up width.
+    one = study_lib.aggregate(study, {("base", 0): _cell(0.5), ("alt", 0): _cell(0.7)})
+    assert one["variants"]["alt"]["levels"]["simple@test"]["vs_reference"]["low"] is None
+    json.dumps(one, allow_nan=False)  # valid JSON
+    study_lib.plot_study_curve(results, str(tmp_path / "curve.png"))
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _fake_cells(tmp_path, monkeypatch, fail_variant=None):
+    """Cells that "train" in a blink: each copies a prepared report.json into its run folder
+    (rloo: 3 of 4 games won after RL, grpo: 2 of 4) and logs that it ran."""
+    from agentrl_jax.training.evaluate import summarize
+    from agentrl_jax.training.trajectory import Trajectory
+
+    def report(wins):
+        trajs = [
+            Trajectory(Task("textworld", "test", f"g/{i}", (("spec", "simple"),)), i, won=i < wins)
+            for i in range(4)
+        ]
+        return summarize(trajs, greedy=True, num_tasks=4, decoding="constrained").to_json()
+
+    reports = {}
+    for variant, wins in (("grpo", 2), ("rloo", 3)):
+        path = tmp_path / f"{variant}.json"
+        evals = {"after_sft": {"simple@test": report(1)}, "after_rl": {"simple@test": report(wins)}}
+        path.write_text(json.dumps({"before_after": [], "evals": evals}))
+        reports[variant] = path
+    script = (
+        "import os, shutil, sys; folder, src, code = sys.argv[1:];"
+        "run = os.path.join(folder, 'run');"
+        "os.makedirs(os.path.join(run, 'tensorboard'), exist_ok=True);"
+        "shutil.copy(src, os.path.join(run, 'report.json'));"
+        "open(os.path.join(folder, 'ran'), 'a').write('x'); sys.exit(int(code))"
+    )
+
+    def cmd(folder):
+        variant = os.path.basename(os.path.dirname(folder))
+        code = 1 if variant == fail_variant else 0
+        return [sys.executable, "-c", script, folder, str(reports[variant]), str(code)]
+
+    monkeypatch.setattr(study_lib, "_train_cmd", cmd)
+    monkeypatch.setattr(study_lib, "generate_games", lambda configs, progress=True: 0)
+
+
+def test_runner_resumes_without_repeating_finished_cells(tmp_path, monkeypatch):
+    _fake_cells(tmp_path, monkeypatch)
+    study, workdir, lines = study_lib.load_study(SMOKE), tmp_path / "study", []
+    results = study_lib.run_study(study, str(workdir), parallel=2, log=lines.append)
+    assert "0 already done, 4 to run, 2 at a time" in lines[0]
+    assert any("4/4 cells finished" in line and "ETA 0m00s" in line for line in lines)
+    cells = workdir / "cells"
+    for variant, seed in study.cells():
+        folder = cells / variant / f"seed-{seed}"
+        assert (folder / "done").is_file() and (folder / "ran").read_text() == "x"
+        assert json.loads((folder / "cell_config.json").read_text())["seed"] == seed
+    rloo = results["variants"]["rloo"]["levels"]["simple@test"]
+    assert rloo["mean"] == 0.75 and rloo["vs_reference"]["mean"] == pytest.approx(0.25)
+    cell = results["cells"]["rloo/seed-1"]["levels"]["simple@test"]
+    assert cell["gain"]["only_after"] == 2 and cell["protocol"]["decoding"] == "constrained"
+    assert json.loads((workdir / "results.json").read_text()) == results
+    # An interrupted cell (no done marker): only it runs again.
+    (cells / "rloo" / "seed-1" / "done").unlink()
+    lines.clear()
+    study_lib.run_study(study, str(workdir), log=lines.append)
+    assert "3 already done, 1 to run" in lines[0]
+    assert (cells / "rloo" / "seed-1" / "ran").read_text() == "xx"
+    assert (cells / "grpo" / "seed-0" / "ran").read_text() == "x"
+
+
+def test_a_failed_cell_is_named_and_the_others_finish(tmp_path, monkeypatch):
+    _fake_cells(tmp_path, monkeypatch, fail_variant="rloo")
+    study, workdir = study_lib.load_study(SMOKE), tmp_path / "study"
+    with pytest.raises(
+        study_lib.StudyError, match=r"2 cell\(s\) failed: rloo/seed-0 \(exit 1; log "
+    ):
+        study_lib.run_study(study, str(workdir), log=lambda m: None)
+    results = json.loads((workdir / "results.json").read_text())
+    assert sorted(results["cells"]) == ["grpo/seed-0", "grpo/seed-1"]
+    assert not (workdir / "cells" / "rloo" / "seed-0" / "done").exists()
+
+
+def _start(workdir, cache, log):
+    env = dict(os.environ, AGENTRL_CACHE=str(cache), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    cmd = [sys.executable, "-m", "launch.study", f"--study={SMOKE}", f"--workdir={workdir}"]
+    out = open(log, "w+b")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    return proc, out
+
+
+@pytest.mark.slow
+def test_smoke_study_end_to_end_killed_and_resumed(textworld_games, tmp_path):
+    workdir, cache = tmp_path / "study", textworld_games["root"]
+    first = workdir / "cells" / "grpo" / "seed-0"
+    # Killed (the runner, SIGKILL) once the first cell is done, while the second one trains.
+    proc, out = _start(workdir, cache, tmp_path / "run1.log")
+    deadline = time.time() + 600
+    while not (first / "done").exists():
+        assert proc.poll() is None and time.time() < deadline, out.seek(0) or out.read()[-3000:]
+        time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    out.close()
+    result_mtime = (first / "result.json").stat().st_mtime
+    # The same command resumes: the finished cell is not run again.
+    proc, out = _start(workdir, cache, tmp_path / "run2.log")
+    proc.wait(timeout=900)
+    out.seek(0)
+    text = out.read().decode(errors="replace")
+    out.close()
+    assert proc.returncode == 0, text[-4000:]
+    assert "1 already done, 3 to run" in text
+    assert "start grpo/seed-0" not in text
+    assert (first / "train.log").read_text().count("=== launch.study: cell") == 1
+    assert (first / "result.json").stat().st_mtime == result_mtime
+    assert "ETA" in text
+    results = json.loads((workdir / "results.json").read_text())
+    assert sorted(results["cells"]) == ["grpo/seed-0", "grpo/seed-1", "rloo/seed-0", "rloo/seed-1"]
+    assert results["evaluation"]["split"] == "test" and results["evaluation"]["num_tasks"] == 1
+    for cell in results["cells"].values():
+        level = cell["levels"]["simple@test"]
+        assert (
+            level["protocol"]["split"] == "test" and level["protocol"]["decoding"] == "constrained"
+        )
+        assert level["final"]["n"] == 1 and level["final"]["low"] is not None
+        assert [x for x, _ in cell["curve"]] == [4, 8, 12]  # 3 iterations of 2 tasks x 2 episodes
+    rloo = results["variants"]["rloo"]["levels"]["simple@test"]
+    assert rloo["seeds"] == [0, 1] and rloo["vs_reference"]["seeds"] == [0, 1]
+    md = (workdir / "results.md").read_text()
+    assert "| rloo | simple@test | 2 |" in md and "1 test games per level, constrained" in md
+    assert (workdir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
