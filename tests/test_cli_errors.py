@@ -58,8 +58,8 @@ def test_eval_flags_end_in_one_line(tmp_path):
     rc, line = _eval(tmp_path, "--decoding=constrained")
     assert rc == 2
     assert line.startswith(
-        "config error: config.rollout.constrain_actions=True (constrained decoding) needs the "
-        "env's admissible commands, but config.env.kwargs.admissible_commands=False"
+        "config error: config.rollout.constrain_actions=True writes one of the env's admissible "
+        "commands, but config.env.name='textworld' with config.env.kwargs="
     ), line
     rc, line = _eval(tmp_path, "--decoding=greedy")
     assert rc == 2 and "--decoding" in line and "free" in line and "constrained" in line, line
