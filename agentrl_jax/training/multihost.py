@@ -23,6 +23,7 @@ What each process of an N-process run does (docs/architecture.md, "Multi-host"):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,6 +95,11 @@ def process_rows(
     return {p: np.array(sorted(r), np.int64) for p, r in sorted(rows.items())}
 
 
+def payload_bucket(num_bytes: int) -> int:
+    """The padded length of an exchanged payload: the smallest power of two >= ``num_bytes``."""
+    return 1 << max(num_bytes - 1, 0).bit_length()
+
+
 def allgather_objects(obj: Any) -> list[Any]:
     """Every process's ``obj`` (any picklable value), in process order, on every process.
 
@@ -106,7 +112,9 @@ def allgather_objects(obj: Any) -> list[Any]:
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
     sizes = sizes.reshape(-1)
-    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    # The gather is compiled per shape: padding to a power of two keeps the programs of a run's
+    # exchanges (episodes of a new byte length every iteration) to a handful.
+    padded = np.zeros(payload_bucket(int(sizes.max())), np.uint8)
     padded[: data.size] = data
     gathered = np.asarray(multihost_utils.process_allgather(padded))
     return [pickle.loads(gathered[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
@@ -136,6 +144,13 @@ def local_mesh() -> Mesh:
     return sharding.make_mesh((-1, 1, 1), jax.local_devices())
 
 
+@functools.cache
+def _replicator(mesh: Mesh) -> Callable[[Any], Any]:
+    """The identity, jitted once per mesh, with replicated outputs: a new jit (of a new lambda)
+    per call would trace and compile the all-gather again at every refresh."""
+    return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
 def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
     """A copy of a global pytree (e.g. the policy's parameters) replicated on ``local``'s devices.
 
@@ -144,8 +159,7 @@ def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
     sampler runs on that copy without any cross-host communication, so each process can play
     its own waves at its own pace.
     """
-    replicated = NamedSharding(mesh, PartitionSpec())
-    full = jax.jit(lambda t: t, out_shardings=replicated)(tree)
+    full = _replicator(mesh)(tree)
     local_sharding = NamedSharding(local, PartitionSpec())
     by_device = {d: i for i, d in enumerate(local.devices.flat)}
 
@@ -227,6 +241,7 @@ __all__ = [
     "is_primary",
     "local_mesh",
     "local_replica",
+    "payload_bucket",
     "process_rows",
     "process_slice",
 ]
