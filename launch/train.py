@@ -17,6 +17,8 @@ Multi-host: the same command on every host, one process each, with ``--coordinat
 ``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
 ``JAX_PROCESS_ID`` in the environment, or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU pod or
 SLURM job); ``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` build those commands.
+At start the processes all-gather a fingerprint of their resolved config, code, task lists and
+tokenizer vocabulary, and stop (every one of them, status 2) with an error naming what differs.
 Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
 every host sees (checkpoints are written there by all processes through orbax).
 """
@@ -77,9 +79,13 @@ def main(argv):
     if changes:
         logging.warning("config changed since the workdir's last run: %s", changes)
 
+    from agentrl_jax.training.multihost import DisagreementError
     from agentrl_jax.training.trainer import Trainer
 
-    trainer = Trainer(config, _WORKDIR.value)
+    try:
+        trainer = Trainer(config, _WORKDIR.value)
+    except DisagreementError as e:
+        cli.fail(f"multi-host error: {e}")
     try:
         evals = trainer.run()
         table = trainer.before_after()

@@ -229,10 +229,51 @@ def test_exchanges_compile_once_not_every_iteration(tmp_path):
     their programs: after the first iteration, no exchange compiles anything."""
     for code, text in _run_workers("exchange", tmp_path):
         assert code == 0, text[-3000:]
-        compiles = [int(line.split()[2]) for line in text.splitlines() if line.startswith("compiles")]
+        compiles = [
+            int(line.split()[2]) for line in text.splitlines() if line.startswith("compiles")
+        ]
         assert len(compiles) == 6, text[-3000:]
         assert compiles[0] > 0  # the first exchange compiles its programs (the check can see)
         assert compiles[1:] == [0] * 5, compiles
+
+
+def test_processes_that_disagree_stop_naming_what_differs(tmp_path):
+    lines = []
+    for code, text in _run_workers("agree", tmp_path):
+        assert code == 3, text[-3000:]
+        assert "agreed\n" in text and "agreed again" not in text
+        lines.append(next(ln for ln in text.splitlines() if ln.startswith("multi-host error")))
+    # Every process stops, with the same message naming each part and key that differs.
+    assert lines[0] == lines[1]
+    line = lines[0]
+    for part in (
+        "config: rl.actor_lr (0.0001 vs 0.0002)",
+        "code: agentrl_jax/training/trainer.py (",
+        "tasks: eval simple (",
+        "tokenizer: vocabulary (",
+    ):
+        assert f"process 1 differs from process 0 in {part}" in line, (part, line)
+    assert "train simple" not in line and "special tokens" not in line
+
+
+def test_disagreements_name_parts_keys_and_both_values():
+    same = {"config": {"seed": "0", "rl.algo": "'grpo'"}, "code": {"a.py": "1"}}
+    other = {"config": {"seed": "1", "rl.algo": "'grpo'"}, "code": {"a.py": "1", "b.py": "2"}}
+    assert multihost.disagreements([same, same, same]) == []
+    assert multihost.disagreements([same, same, other]) == [
+        "process 2 differs from process 0 in code: b.py (missing vs 2)",
+        "process 2 differs from process 0 in config: seed (0 vs 1)",
+    ]
+    many = {"config": {f"k{i}": str(i) for i in range(5)}}
+    (line,) = multihost.disagreements([many, {"config": {}}], show=2)
+    assert line.endswith("k0 (0 vs missing), k1 (1 vs missing) and 3 more")
+    multihost.check_agreement(same)  # one process: nothing to compare
+
+
+def test_code_fingerprint_covers_the_package():
+    code = multihost.code_fingerprint()
+    assert "agentrl_jax/training/trainer.py" in code and "agentrl_jax/__init__.py" in code
+    assert all(len(h) == 16 for h in code.values())
 
 
 # ---------------------------------------------------------------- 2 processes x 4 == 1 x 8

@@ -24,6 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
+import importlib
+import pathlib
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -172,6 +175,74 @@ def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
     return jax.tree.map(to_local, full)
 
 
+# ---------------------------------------------------------------- agreement
+
+
+class DisagreementError(RuntimeError):
+    """The processes of a run do not agree on what they run; the message names what differs."""
+
+
+def digest(value: Any) -> str:
+    """A short, stable hash of a value's ``repr`` (lists, tuples, dicts of plain values)."""
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
+def code_fingerprint(package: str = "agentrl_jax") -> dict[str, str]:
+    """``{path: hash}`` of every Python file of ``package`` (paths from the package's parent).
+
+    The code revision two hosts run: a checkout at another commit, or an edit on one host, shows
+    as the files that differ (a git revision would miss uncommitted edits).
+    """
+    root = pathlib.Path(importlib.import_module(package).__file__).parent
+    return {
+        str(f.relative_to(root.parent)): hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+        for f in sorted(root.rglob("*.py"))
+    }
+
+
+def task_fingerprint(task_lists: dict[str, Sequence[Any]]) -> dict[str, str]:
+    """``{name: hash of the task ids in order}`` for named task lists (e.g. per level)."""
+    return {name: digest([t.name for t in tasks]) for name, tasks in task_lists.items()}
+
+
+def disagreements(fingerprints: Sequence[dict[str, dict[str, str]]], show: int = 3) -> list[str]:
+    """Where each process's fingerprint differs from process 0's, one line per process and part.
+
+    A fingerprint is ``{part: {key: value}}`` (e.g. ``{"config": {"rl.actor_lr": "0.0001"}}``);
+    a line names the part, then up to ``show`` keys with both processes' values.
+    """
+    out = []
+    first = fingerprints[0]
+    for p, other in enumerate(fingerprints[1:], start=1):
+        for part in sorted(set(first) | set(other)):
+            mine, theirs = first.get(part, {}), other.get(part, {})
+            keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+            if not keys:
+                continue
+            shown = ", ".join(
+                f"{k} ({mine.get(k, 'missing')} vs {theirs.get(k, 'missing')})" for k in keys[:show]
+            )
+            more = f" and {len(keys) - show} more" if len(keys) > show else ""
+            out.append(f"process {p} differs from process 0 in {part}: {shown}{more}")
+    return out
+
+
+def check_agreement(fingerprint: dict[str, dict[str, str]]) -> None:
+    """Checks that every process holds the same ``fingerprint`` (a collective; one process:
+    nothing to compare).
+
+    Raises:
+      DisagreementError: on every process, naming each part and key that differs.
+    """
+    problems = disagreements(allgather_objects(fingerprint))
+    if problems:
+        raise DisagreementError(
+            "the processes of this run disagree: "
+            + "; ".join(problems)
+            + " (every host must run the same code, config, task lists and tokenizer)"
+        )
+
+
 @dataclasses.dataclass
 class ProcessInfo:
     index: int
@@ -233,10 +304,15 @@ class ShardedRolloutWorker(RolloutWorker):
 
 
 __all__ = [
+    "DisagreementError",
     "ProcessInfo",
     "ShardedRolloutWorker",
     "allgather_objects",
     "broadcast_object",
+    "check_agreement",
+    "code_fingerprint",
+    "digest",
+    "disagreements",
     "host_array",
     "is_primary",
     "local_mesh",
@@ -244,4 +320,5 @@ __all__ = [
     "payload_bucket",
     "process_rows",
     "process_slice",
+    "task_fingerprint",
 ]

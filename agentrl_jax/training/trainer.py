@@ -41,7 +41,7 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import envrl_data, multihost, sft_data
+from agentrl_jax.training import envrl_data, multihost, sft_data, workdir_config
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -150,7 +150,13 @@ class Trainer:
         # Multi-host: each process samples on its own devices, from a local copy of the policy.
         self.multihost = jax.process_count() > 1
         self.local_mesh = multihost.local_mesh() if self.multihost else None
+        if self.multihost:
+            # Before any other collective: hosts that parsed another config, run other code or
+            # list other tasks would otherwise hang in a collective or silently train apart.
+            multihost.check_agreement(self._fingerprint())
         self.tokenizer = self._tokenizer()
+        if self.multihost:
+            multihost.check_agreement({"tokenizer": self._tokenizer_fingerprint()})
         self.template = get_template(cfg.model.template)
         self.policy = self._policy()
         self.critic = (
@@ -213,6 +219,23 @@ class Trainer:
                 cfg.env.name, level, "train", cfg.env.num_train_tasks, dict(cfg.env.kwargs)
             )
             for level in cfg.curriculum.levels
+        }
+
+    def _fingerprint(self) -> dict[str, dict[str, str]]:
+        """What every process of a run must agree on: its resolved config, the code, the tasks."""
+        lists = {f"eval {level}": tasks for level, tasks in self.eval_tasks.items()}
+        lists.update({f"train {level}": tasks for level, tasks in self.train_tasks.items()})
+        return {
+            "config": {k: repr(v) for k, v in workdir_config.flat_fields(self.config).items()},
+            "code": multihost.code_fingerprint(),
+            "tasks": multihost.task_fingerprint(lists),
+        }
+
+    def _tokenizer_fingerprint(self) -> dict[str, str]:
+        tok = self.tokenizer
+        return {
+            "vocabulary": multihost.digest(sorted(tok.get_vocab().items())),
+            "special tokens": multihost.digest(tok.all_special_tokens),
         }
 
     def _tokenizer(self):
