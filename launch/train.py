@@ -19,6 +19,9 @@ Multi-host: the same command on every host, one process each, with ``--coordinat
 SLURM job); ``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` build those commands.
 At start the processes all-gather a fingerprint of their resolved config, code, task lists and
 tokenizer vocabulary, and stop (every one of them, status 2) with an error naming what differs.
+``--init_timeout_s`` and ``--heartbeat_timeout_s`` bound how long processes wait for each other
+to start and for a silent one; ``config.watchdog_s`` ends a process whose RL iteration, SFT
+epoch, evaluation or checkpoint runs past a limit (``training/watchdog.py``).
 Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
 every host sees (checkpoints are written there by all processes through orbax).
 """
@@ -43,6 +46,16 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the run.")
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "init_timeout_s",
+    None,
+    "Multi-host: seconds to wait for every process to join (default: JAX's, 300).",
+)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_s",
+    None,
+    "Multi-host: seconds a process may go silent before the others fail (default: JAX's, 100).",
+)
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change",
     False,
@@ -57,7 +70,13 @@ def main(argv):
         raise app.UsageError("--config=configs/<name>.py and --workdir=DIR are required")
     jax.config.update("jax_threefry_partitionable", True)
     # Multi-host: from the flags, or auto-detected when AGENTRL_DISTRIBUTED=1 (TPU pods, SLURM).
-    maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    maybe_initialize_distributed(
+        _COORDINATOR.value,
+        _NUM_PROCESSES.value,
+        _PROCESS_ID.value,
+        initialization_timeout_s=_INIT_TIMEOUT.value,
+        heartbeat_timeout_s=_HEARTBEAT_TIMEOUT.value,
+    )
     primary = jax.process_index() == 0
     if not primary:
         logging.set_verbosity(logging.WARNING)  # info logs (progress, evals) from process 0 only

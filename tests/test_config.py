@@ -25,10 +25,10 @@ from train_cli import tiny_config as _config  # noqa: E402
 SNAPSHOT = os.path.join(REPO, "tests", "data", "resolved_configs.json")
 # Changes to a shipped config's resolved values made on purpose since the snapshot:
 # {"configs/x.py[:arg]": {"section.field": new_value}}. ENVRL's horizon: 0 (the whole RL phase)
-# replaced 100 updates as the default.
+# replaced 100 updates as the default; the watchdog (new field) is off by default.
 with open(SNAPSHOT) as _f:
     INTENDED_CHANGES: dict[str, dict[str, object]] = {
-        spec: {"envrl.horizon": 0} for spec in json.load(_f)
+        spec: {"envrl.horizon": 0, "watchdog_s": 0.0} for spec in json.load(_f)
     }
 
 
@@ -132,6 +132,7 @@ def test_defaults_have_one_source():
         (dict(sft=dict(epochs=0)), r"^config.sft.epochs is 0; expected an int >= 1"),
         (dict(envrl=dict(horizon=-1)), r"^config.envrl.horizon is -1; expected an int >= 0"),
         (dict(eval_every=-1), r"^config.eval_every is -1; expected an int >= 0"),
+        (dict(watchdog_s=-5.0), r"^config.watchdog_s is -5.0; expected >= 0 seconds \(0: off\)"),
         (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three positive sizes"),
         (
             dict(rollout=dict(max_new_tokens=768)),

@@ -53,6 +53,7 @@ from agentrl_jax.training.rollout import RolloutWorker, render_observation
 from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
+from agentrl_jax.training.watchdog import Watchdog
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -207,6 +208,7 @@ class Trainer:
         self.curriculum = Curriculum(cfg.curriculum)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
+        self.watchdog = Watchdog(cfg.watchdog_s)
 
     # ------------------------------------------------------------------ setup
 
@@ -360,6 +362,10 @@ class Trainer:
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Checkpoints everything; checkpoints are numbered in order (``meta['checkpoint']``)."""
         self.meta["checkpoint"] = int(self.meta.get("checkpoint", -1)) + 1
+        with self.watchdog.guard(f"checkpoint {self.meta['checkpoint']}"):
+            self._save(metrics)
+
+    def _save(self, metrics: dict[str, float] | None) -> None:
         meta = dict(
             self.meta,
             curriculum=self.curriculum.state_dict(),
@@ -429,7 +435,8 @@ class Trainer:
     def demonstrations(self) -> list[Trajectory]:
         """Expert episodes on the demonstration tasks (the won ones)."""
         tasks = self.demonstration_tasks()
-        demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
+        with self.watchdog.guard("the SFT demonstrations"):
+            demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
         won = [d for d in demos if d.won and not d.infra_failure]
         logging.info("SFT: %d expert demonstrations, %d won", len(demos), len(won))
         return won
@@ -467,16 +474,21 @@ class Trainer:
             bar = tqdm(
                 iterator, desc="sft", initial=done, total=total, disable=not multihost.is_primary()
             )
-            for batch in bar:
-                batch = {k: batch[k] for k in sft_data.BATCH_KEYS}
-                self.sft_state, m = self.sft_learner.sft_step(
-                    self.sft_state, self.sft_learner.place_batch(batch)
-                )
-                step = int(self.sft_state.step)
-                self.writer.scalars({k: float(v) for k, v in m.items()}, step)
-                if step % dataset.batches_per_epoch == 0 and step < total:
-                    self.meta["sft_iterator"] = iterator.get_state()
-                    self.save()
+            epoch = done // dataset.batches_per_epoch + 1
+            with self.watchdog.guard(f"SFT epoch {epoch}") as watchdog:
+                for batch in bar:
+                    batch = {k: batch[k] for k in sft_data.BATCH_KEYS}
+                    self.sft_state, m = self.sft_learner.sft_step(
+                        self.sft_state, self.sft_learner.place_batch(batch)
+                    )
+                    step = int(self.sft_state.step)
+                    self.writer.scalars({k: float(v) for k, v in m.items()}, step)
+                    if step % dataset.batches_per_epoch == 0 and step < total:
+                        self.meta["sft_iterator"] = iterator.get_state()
+                        watchdog.disarm()
+                        self.save()
+                        epoch += 1
+                        watchdog.arm(f"SFT epoch {epoch}")
             nnx.update(self.policy, self.sft_state.policy)
             if self.critic is not None:
                 # The critic's trunk starts from the SFT policy's.
@@ -508,7 +520,8 @@ class Trainer:
             disable=not multihost.is_primary(),
         )
         for it in bar:
-            metrics = self.rl_iteration(it)
+            with self.watchdog.guard(f"RL iteration {it + 1}"):
+                metrics = self.rl_iteration(it)
             self.meta["rl_iteration"] = it + 1
             last = it + 1 == total
             if last or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
@@ -578,6 +591,10 @@ class Trainer:
 
     def evaluate(self, name: str) -> dict[str, float]:
         """Greedy episodes on every held-out level: reports under workdir/eval, metrics back."""
+        with self.watchdog.guard(f"evaluation {name}"):
+            return self._evaluate(name)
+
+    def _evaluate(self, name: str) -> dict[str, float]:
         self._sync_sampler()
         out, report = {}, {}
         for level, tasks in self.eval_tasks.items():

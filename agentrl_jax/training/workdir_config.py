@@ -32,12 +32,14 @@ from agentrl_jax.training.config import ConfigError, RunConfig, from_config_dict
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
 # Fields a rerun may change freely: none of them changes a parameter, a rollout or a logged
-# training metric (the evaluations before and after RL, and every RNG, do not depend on them).
+# training metric (the evaluations before and after RL, and every RNG, do not depend on them;
+# the watchdog only decides when a stuck run gives up).
 FREE_FIELDS = (
     "checkpoint.every",
     "checkpoint.keep_last",
     "checkpoint.keep_best",
     "eval_every",
+    "watchdog_s",
 )
 
 
