@@ -27,15 +27,15 @@ every host sees (checkpoints are written there by all processes through orbax).
 """
 
 import json
-import os
 import sys
 
 import jax
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli, workdir_config
+from agentrl_jax.training import cli, paths, workdir_config
 from agentrl_jax.training.checkpoint import CheckpointWriteError
 from agentrl_jax.training.config import ConfigError, from_config_dict
 
@@ -116,11 +116,9 @@ def main(argv):
         trainer.close()
     if not primary:
         return
-    workdir = os.path.abspath(_WORKDIR.value)
-    with open(os.path.join(workdir, "report.md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump(evals, f, indent=2, sort_keys=True)
+    workdir = paths.absolute(_WORKDIR.value)  # a gs:// URL stays one
+    epath.Path(workdir, "report.md").write_text(table + "\n")
+    epath.Path(workdir, "report.json").write_text(json.dumps(evals, indent=2, sort_keys=True))
     print(table)
     logging.info("done")
     print(

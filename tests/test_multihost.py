@@ -210,18 +210,7 @@ def _run_workers(mode, tmp_path, count=2, devices=2, timeout=120, **env):
         )
         for p in range(count)
     ]
-    out = []
-    for proc in procs:
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        proc.log.seek(0)
-        out.append((proc.returncode, proc.log.read().decode(errors="replace")))
-        proc.log.close()
-    return out
+    return train_cli.wait_all(*procs, timeout=timeout)
 
 
 def test_exchanges_compile_once_not_every_iteration(tmp_path):

@@ -41,7 +41,7 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import envrl_data, multihost, sft_data, workdir_config
+from agentrl_jax.training import envrl_data, multihost, paths, sft_data, workdir_config
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -84,6 +84,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# The frozen KL reference policy's item beside the numbered checkpoints (written once).
+REFERENCE = "reference"
 
 
 def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
@@ -127,8 +129,9 @@ class Trainer:
 
     def __init__(self, config: RunConfig, workdir: str):
         self.config = config
-        self.workdir = os.path.abspath(workdir)
-        os.makedirs(self.workdir, exist_ok=True)
+        self.workdir = paths.absolute(workdir)  # a URL (gs://...) is passed through unchanged
+        if not paths.is_url(self.workdir):
+            os.makedirs(self.workdir, exist_ok=True)
         cfg = config
         env_kwargs = dict(cfg.env.kwargs)
         logging.info("workdir: %s", self.workdir)
@@ -352,12 +355,15 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _state_tree(self) -> dict[str, Any]:
-        if self.meta["phase"] == "sft":
-            return {"train": self.sft_state}
-        tree = {"train": self.state}
-        if self.ref_policy is not None:
-            tree["ref"] = self.ref_policy
-        return tree
+        return {"train": self.sft_state if self.meta["phase"] == "sft" else self.state}
+
+    def _freeze_reference(self) -> None:
+        """The frozen KL reference: the policy as it enters RL, written once (every later
+        checkpoint names it instead of holding another copy). None when the KL weight is 0."""
+        if self.config.rl.kl_coef <= 0:
+            return
+        self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Checkpoints everything; checkpoints are numbered in order (``meta['checkpoint']``)."""
@@ -366,11 +372,9 @@ class Trainer:
             self._save(metrics)
 
     def _save(self, metrics: dict[str, float] | None) -> None:
-        meta = dict(
-            self.meta,
-            curriculum=self.curriculum.state_dict(),
-            has_ref=self.ref_policy is not None,
-        )
+        meta = dict(self.meta, curriculum=self.curriculum.state_dict())
+        if self.ref_policy is not None:
+            meta["reference"] = REFERENCE
         self.checkpointer.save(self.meta["checkpoint"], self._state_tree(), meta, metrics)
 
     def restore(self) -> bool:
@@ -378,16 +382,16 @@ class Trainer:
         step = self.checkpointer.latest_step()
         if step is None:
             return False
-        # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state
-        # and, after SFT, the frozen reference), so the abstract tree can be built first: shapes
-        # and shardings only, each array then read straight into its layout. (The SFT
+        # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state)
+        # and which frozen reference goes with it, so the abstract tree can be built first:
+        # shapes and shardings only, each array then read straight into its layout. (The SFT
         # optimizer's structure does not depend on the schedule's length.)
         saved = self.checkpointer.read_meta(step)
         if saved["phase"] == "sft":
             template = {"train": self._sft_learner(total_steps=1).abstract_state(self.policy)}
         else:
             template = {"train": self.learner.abstract_state(self.policy, self.critic)}
-            if saved.get("has_ref"):
+            if saved.get("has_ref"):  # written before the reference was saved once
                 template["ref"] = template["train"].policy
         state, meta = self.checkpointer.restore(step, template)
         if saved["phase"] == "sft":
@@ -395,8 +399,13 @@ class Trainer:
         else:
             self.state = state["train"]
             self.ref_policy = state.get("ref")
+            if meta.get("reference"):
+                self.ref_policy = self.checkpointer.restore_frozen(
+                    meta["reference"], template["train"].policy
+                )
         self.curriculum.load_state_dict(meta.pop("curriculum"))
         meta.pop("has_ref", None)
+        meta.pop("reference", None)
         self.meta = meta
         logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
         return True
@@ -498,7 +507,7 @@ class Trainer:
         self.state = self.learner.init(self.policy, self.critic)
         metrics = self.evaluate("after_sft")
         self.writer.scalars(metrics, 0)
-        self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        self._freeze_reference()
         self.meta["phase"] = "rl"
         self.meta.pop("sft_iterator", None)
         self.save(metrics)
@@ -507,7 +516,7 @@ class Trainer:
         cfg = self.config
         if self.ref_policy is None:
             # The frozen reference for the KL term: the policy as SFT left it.
-            self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+            self._freeze_reference()
         total = self.num_rl_iterations()
         from tqdm.auto import tqdm
 
