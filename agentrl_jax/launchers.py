@@ -11,13 +11,23 @@ how the processes find each other:
 - SLURM: one ``srun`` task per node; JAX reads the job's layout from the SLURM environment
   (``AGENTRL_DISTRIBUTED=1``).
 
-The functions here only build argument lists (no JAX, nothing runs), so they are cheap to test;
-``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` print them (``--dry_run``) or run them.
+The functions here build argument lists (no JAX, nothing runs), so they are cheap to test;
+``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` print them (``--dry_run``) or run them
+(``run_all``: together, and stopped together).
+
+Remote processes end with their launcher: ssh runs with a forced pseudo-terminal (``-tt``), so
+when the local ssh client ends (Ctrl-C, ``kill``, a failed node), the remote side's terminal
+hangs up and its shell and ``launch.train`` get SIGHUP, instead of running on and holding the
+node's accelerators and the coordinator's port.
 """
 
 from __future__ import annotations
 
 import shlex
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Sequence
 
 # Flags the launchers set themselves on each process; a user passing them would conflict.
@@ -97,7 +107,8 @@ def tpu_pod_command(
     argv = ["gcloud", "compute", "tpus", "tpu-vm", "ssh", tpu, f"--zone={zone}"]
     if project:
         argv.append(f"--project={project}")
-    return [*argv, "--worker=all", f"--command={command}"]
+    # -tt: ending gcloud's ssh clients hangs up the workers' terminals (see the module doc).
+    return [*argv, "--worker=all", "--ssh-flag=-tt", f"--command={command}"]
 
 
 def gpu_node_commands(
@@ -126,7 +137,8 @@ def gpu_node_commands(
             f"--process_id={i}",
         ]
         command = train_command(train_args, repo_dir=repo_dir, python=python, extra=extra)
-        out.append([ssh, host, command])
+        # -tt: killing this ssh client hangs up the remote terminal (see the module doc).
+        out.append([ssh, "-tt", host, command])
     return out
 
 
@@ -156,6 +168,50 @@ def slurm_command(
     return [*argv, *srun_args, "bash", "-c", command]
 
 
+def run_all(
+    commands: Sequence[Sequence[str]], *, poll_s: float = 1.0, grace_s: float = 10.0
+) -> int:
+    """Runs every command at once until all succeed or one fails; returns the exit status.
+
+    When one fails, the others are stopped (they would wait for it forever in a collective); when
+    this process is interrupted (Ctrl-C, SIGTERM), all of them are. Stopping is SIGTERM, then
+    SIGKILL after ``grace_s``: an ssh client that ends hangs up its remote process (``-tt``).
+
+    Returns:
+      0, or the first failure's exit status (130 on Ctrl-C, 143 on SIGTERM).
+    """
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    procs = []
+    try:
+        procs = [subprocess.Popen(list(c)) for c in commands]
+        while True:
+            failed = [c for c in (p.poll() for p in procs) if c not in (None, 0)]
+            if failed:
+                return failed[0]
+            if all(p.returncode == 0 for p in procs):
+                return 0
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        return 128 + signal.SIGINT
+    finally:
+        _stop(procs, grace_s)
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _stop(procs: Sequence[subprocess.Popen], grace_s: float) -> None:
+    """SIGTERM to the processes still running, SIGKILL to those left after ``grace_s``."""
+    running = [p for p in procs if p.poll() is None]
+    for p in running:
+        p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in running:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
 def format_argv(argv: Sequence[str]) -> str:
     """A copy-pasteable shell line for an argv."""
     return shlex.join(argv)
@@ -165,6 +221,7 @@ __all__ = [
     "check_train_args",
     "format_argv",
     "gpu_node_commands",
+    "run_all",
     "slurm_command",
     "tpu_pod_command",
     "train_command",

@@ -24,6 +24,7 @@ Typical use::
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -248,6 +249,8 @@ def maybe_initialize_distributed(
     process_id: int | None = None,
     *,
     auto: bool | None = None,
+    initialization_timeout_s: int | None = None,
+    heartbeat_timeout_s: int | None = None,
 ) -> bool:
     """Starts JAX's multi-controller runtime when a multi-host run is configured.
 
@@ -258,6 +261,11 @@ def maybe_initialize_distributed(
     set (``auto`` then lets JAX detect the cluster: TPU pods, SLURM, Open MPI...). Otherwise, and
     when already initialised, it does nothing. It must run before any other JAX call that
     touches devices.
+
+    ``initialization_timeout_s`` (how long to wait for every process to connect) and
+    ``heartbeat_timeout_s`` (how long a process may go silent before the others are told it is
+    gone and fail instead of waiting) go to ``jax.distributed.initialize`` when the installed
+    JAX accepts them (None: JAX's defaults, 300 s and 100 s in JAX 0.10).
 
     Returns:
       True if the runtime is initialised when this returns (by this call or an earlier one).
@@ -283,10 +291,19 @@ def maybe_initialize_distributed(
             f"coordinator_address={coordinator_address!r} also needs num_processes and process_id "
             f"(got num_processes={num_processes}, process_id={process_id})"
         )
+    timeouts = {
+        "initialization_timeout": initialization_timeout_s,
+        "heartbeat_timeout_seconds": heartbeat_timeout_s,
+    }
+    accepted = inspect.signature(jax.distributed.initialize).parameters
+    for name, value in timeouts.items():
+        if value is not None and name not in accepted:
+            _log.warning("this JAX's jax.distributed.initialize has no %s; not passed", name)
     jax.distributed.initialize(
         coordinator_address=coordinator_address,
         num_processes=num_processes,
         process_id=process_id,
+        **{k: v for k, v in timeouts.items() if v is not None and k in accepted},
     )
     _log.info(
         "jax.distributed: process %d of %d, %d local / %d global devices",

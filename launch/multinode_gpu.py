@@ -12,13 +12,13 @@ Inside a SLURM allocation (JAX reads the layout from SLURM's environment):
         --config=configs/textworld_qwen2_5_1_5b_ppo.py --workdir=/shared/runs/ppo
 
 Everything after ``--`` goes to ``launch.train``. The workdir must be on a filesystem every node
-sees. ``--dry_run`` prints the per-node commands (or the srun line) and runs nothing.
+sees. ``--dry_run`` prints the per-node commands (or the srun line) and runs nothing. The nodes'
+commands run together: when one fails, or this launcher is interrupted or killed (SIGTERM), the
+others are stopped, and ssh's forced terminal (``-tt``) ends the remote trainers with them.
 """
 
 import os
-import subprocess
 import sys
-import time
 
 from absl import app, flags
 
@@ -33,22 +33,6 @@ _REPO_DIR = flags.DEFINE_string(
 )
 _PYTHON = flags.DEFINE_string("python", "python3", "The Python on the nodes.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Print the commands; run nothing.")
-
-
-def _run_all(commands: list[list[str]]) -> int:
-    """Starts every node's command; if one fails, stops the others (they would wait forever)."""
-    procs = [subprocess.Popen(c) for c in commands]
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [c for c in codes if c not in (None, 0)]
-        if failed:
-            for p in procs:
-                if p.poll() is None:
-                    p.terminate()
-            return failed[0]
-        if all(c == 0 for c in codes):
-            return 0
-        time.sleep(1.0)
 
 
 def main(argv):
@@ -81,10 +65,10 @@ def main(argv):
             print(launchers.format_argv(commands[0]))
             return
         for i, cmd in enumerate(commands):
-            print(f"# node {i} ({cmd[1]}), process {i} of {len(commands)}:")
+            print(f"# node {i} ({cmd[-2]}), process {i} of {len(commands)}:")
             print(launchers.format_argv(cmd))
         return
-    sys.exit(_run_all(commands))
+    sys.exit(launchers.run_all(commands))
 
 
 if __name__ == "__main__":

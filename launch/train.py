@@ -23,20 +23,25 @@ Multi-host: the same command on every host, one process each, with ``--coordinat
 ``--num_processes`` and ``--process_id`` (or ``JAX_COORDINATOR_ADDRESS``, ``JAX_NUM_PROCESSES``,
 ``JAX_PROCESS_ID`` in the environment, or ``AGENTRL_DISTRIBUTED=1`` to let JAX detect a TPU pod or
 SLURM job); ``launch/tpu_pod.py`` and ``launch/multinode_gpu.py`` build those commands.
+At start the processes all-gather a fingerprint of their resolved config, code, task lists and
+tokenizer vocabulary, and stop (every one of them, status 2) with an error naming what differs.
+``--init_timeout_s`` and ``--heartbeat_timeout_s`` bound how long processes wait for each other
+to start and for a silent one; ``config.watchdog_s`` ends a process whose RL iteration, SFT
+epoch, evaluation or checkpoint runs past a limit (``training/watchdog.py``).
 Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
 every host sees (checkpoints are written there by all processes through orbax).
 """
 
 import json
-import os
 import sys
 
 import jax
 from absl import app, flags, logging
+from etils import epath
 from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli, workdir_config
+from agentrl_jax.training import cli, paths, workdir_config
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.checkpoint import CheckpointWriteError
 from agentrl_jax.training.config import ConfigError, from_config_dict
@@ -48,6 +53,16 @@ _COORDINATOR = flags.DEFINE_string(
 )
 _NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Processes in a multi-host run.")
 _PROCESS_ID = flags.DEFINE_integer("process_id", None, "This process's index in the run.")
+_INIT_TIMEOUT = flags.DEFINE_integer(
+    "init_timeout_s",
+    None,
+    "Multi-host: seconds to wait for every process to join (default: JAX's, 300).",
+)
+_HEARTBEAT_TIMEOUT = flags.DEFINE_integer(
+    "heartbeat_timeout_s",
+    None,
+    "Multi-host: seconds a process may go silent before the others fail (default: JAX's, 100).",
+)
 _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "allow_config_change",
     False,
@@ -62,7 +77,13 @@ def main(argv):
         raise app.UsageError("--config=configs/<name>.py and --workdir=DIR are required")
     jax.config.update("jax_threefry_partitionable", True)
     # Multi-host: from the flags, or auto-detected when AGENTRL_DISTRIBUTED=1 (TPU pods, SLURM).
-    maybe_initialize_distributed(_COORDINATOR.value, _NUM_PROCESSES.value, _PROCESS_ID.value)
+    maybe_initialize_distributed(
+        _COORDINATOR.value,
+        _NUM_PROCESSES.value,
+        _PROCESS_ID.value,
+        initialization_timeout_s=_INIT_TIMEOUT.value,
+        heartbeat_timeout_s=_HEARTBEAT_TIMEOUT.value,
+    )
     primary = jax.process_index() == 0
     if not primary:
         logging.set_verbosity(logging.WARNING)  # info logs (progress, evals) from process 0 only
@@ -84,9 +105,13 @@ def main(argv):
     if changes:
         logging.warning("config changed since the workdir's last run: %s", changes)
 
+    from agentrl_jax.training.multihost import DisagreementError
     from agentrl_jax.training.trainer import Trainer
 
-    trainer = Trainer(config, _WORKDIR.value)
+    try:
+        trainer = Trainer(config, _WORKDIR.value)
+    except DisagreementError as e:
+        cli.fail(f"multi-host error: {e}")
     try:
         evals = trainer.run()
         table = trainer.before_after()
@@ -99,11 +124,11 @@ def main(argv):
         trainer.close()
     if not primary:
         return
-    workdir = os.path.abspath(_WORKDIR.value)
-    with open(os.path.join(workdir, "report.md"), "w") as f:
-        f.write(table + "\n")
-    with open(os.path.join(workdir, "report.json"), "w") as f:
-        json.dump({"before_after": rows, "evals": evals}, f, indent=2, sort_keys=True)
+    workdir = paths.absolute(_WORKDIR.value)  # a gs:// URL stays one
+    epath.Path(workdir, "report.md").write_text(table + "\n")
+    epath.Path(workdir, "report.json").write_text(
+        json.dumps({"before_after": rows, "evals": evals}, indent=2, sort_keys=True)
+    )
     print(table)
     logging.info("done")
     print(

@@ -148,3 +148,54 @@ def test_read_only_directory_fails_naming_the_path(tmp_path):
     finally:
         os.chmod(directory, 0o755)
         ckpt.close()
+
+
+# ---------------------------------------------------------------- frozen items, URLs
+
+
+def test_frozen_item_is_written_once_kept_through_pruning_and_restored(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), keep_last=1, keep_best=0, async_save=False)
+    frozen = _state(3)
+    ckpt.save_frozen("reference", frozen)
+    for step in range(1, 4):  # pruning keeps only the last numbered checkpoint
+        ckpt.save(step, _state(step), {"reference": "reference"})
+    assert ckpt.all_steps() == [3]
+    assert sorted(os.listdir(tmp_path / "ckpt")) == ["3", "reference"]
+    got = ckpt.restore_frozen("reference", jax.eval_shape(lambda: _state(0)))
+    np.testing.assert_array_equal(got["params"]["w"], frozen["params"]["w"])
+    # Written again (a resumed SFT phase ending again): replaced, not an error.
+    ckpt.save_frozen("reference", _state(4))
+    got = ckpt.restore_frozen("reference", jax.eval_shape(lambda: _state(0)))
+    np.testing.assert_array_equal(got["step"], 4)
+    ckpt.close()
+
+
+def test_missing_or_misnamed_frozen_item_fails_naming_it(tmp_path):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=False)
+    with pytest.raises(FileNotFoundError, match=r"need reference at .*ckpt/reference, which is"):
+        ckpt.restore_frozen("reference", jax.eval_shape(lambda: _state(0)))
+    for name in ("", "3", "a/b"):
+        with pytest.raises(ValueError, match="expected a non-numeric directory name"):
+            ckpt.frozen_path(name)
+    ckpt.close()
+
+
+def test_paths_leave_urls_unchanged():
+    from agentrl_jax.training import paths
+
+    assert paths.is_url("gs://bucket/runs/x") and paths.is_url("s3://b/k")
+    assert not paths.is_url("runs/x") and not paths.is_url("/abs/gs://x")
+    assert paths.absolute("gs://bucket/runs/x") == "gs://bucket/runs/x"
+    assert paths.absolute("runs/x") == os.path.join(os.getcwd(), "runs", "x")
+
+
+def test_checkpointer_hands_a_url_directory_to_orbax_unchanged(monkeypatch):
+    """No network: orbax's manager is replaced by a recorder of the directory it is given."""
+    import orbax.checkpoint as ocp
+
+    seen = []
+    monkeypatch.setattr(ocp, "CheckpointManager", lambda directory, **kw: seen.append(directory))
+    ckpt = Checkpointer("gs://bucket/runs/x/checkpoints")
+    assert seen == ["gs://bucket/runs/x/checkpoints"]
+    assert ckpt.step_path(4) == "gs://bucket/runs/x/checkpoints/4"
+    assert ckpt.frozen_path("reference") == "gs://bucket/runs/x/checkpoints/reference"

@@ -28,7 +28,7 @@ SNAPSHOT = os.path.join(REPO, "tests", "data", "resolved_configs.json")
 # replaced 100 updates as the default; model.remat names a policy ("none" | "full" | "save_dots",
 # was a bool) and model.scan_layers is new (on with the Qwen configs' full remat); the
 # before/after report's test games are new (env.report_levels, env.num_report_tasks: 200, the
-# tiny default 50, its :test 1 and :smoke 2).
+# tiny default 50, its :test 1 and :smoke 2); the watchdog (new field) is off by default.
 REPORT_TASKS = {
     "configs/tiny_textworld.py": 50,
     "configs/tiny_textworld.py:test": 1,
@@ -42,6 +42,7 @@ with open(SNAPSHOT) as _f:
             "model.scan_layers": bool(resolved["model"]["remat"]),
             "env.report_levels": [],
             "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
+            "watchdog_s": 0.0,
         }
         for spec, resolved in json.load(_f).items()
     }
@@ -149,6 +150,7 @@ def test_defaults_have_one_source():
         (dict(sft=dict(epochs=0)), r"^config.sft.epochs is 0; expected an int >= 1"),
         (dict(envrl=dict(horizon=-1)), r"^config.envrl.horizon is -1; expected an int >= 0"),
         (dict(eval_every=-1), r"^config.eval_every is -1; expected an int >= 0"),
+        (dict(watchdog_s=-5.0), r"^config.watchdog_s is -5.0; expected >= 0 seconds \(0: off\)"),
         (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three positive sizes"),
         (
             dict(rollout=dict(max_new_tokens=768)),

@@ -2,8 +2,10 @@
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -30,6 +32,7 @@ def test_tpu_pod_command_runs_the_same_train_command_on_every_worker():
     assert argv[:6] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod-a"]
     assert "--zone=us-central2-b" in argv and "--project=proj" in argv
     assert "--worker=all" in argv
+    assert "--ssh-flag=-tt" in argv  # ending gcloud hangs up the workers' trainers
     command = argv[-1].removeprefix("--command=")
     assert command.startswith("cd ~/agentrl_jax && AGENTRL_DISTRIBUTED=1 python3 -m launch.train")
     assert _train_flags(command) == TRAIN  # jax.distributed detects the slice: no ids
@@ -37,10 +40,11 @@ def test_tpu_pod_command_runs_the_same_train_command_on_every_worker():
 
 def test_gpu_node_commands_give_each_node_its_process_id():
     cmds = launchers.gpu_node_commands(["n0", "n1", "n2"], TRAIN, port=4321, repo_dir="/r x")
-    assert [c[:2] for c in cmds] == [["ssh", "n0"], ["ssh", "n1"], ["ssh", "n2"]]
+    # -tt: killing the local ssh client hangs up the remote terminal, ending the trainer.
+    assert [c[:3] for c in cmds] == [["ssh", "-tt", f"n{i}"] for i in range(3)]
     for i, cmd in enumerate(cmds):
-        assert cmd[2].startswith("cd '/r x' && python3 -m launch.train")
-        assert _train_flags(cmd[2]) == [
+        assert cmd[3].startswith("cd '/r x' && python3 -m launch.train")
+        assert _train_flags(cmd[3]) == [
             *TRAIN,
             "--coordinator_address=n0:4321",
             "--num_processes=3",
@@ -123,3 +127,49 @@ def test_launcher_usage_errors_exit_nonzero_with_the_reason():
     assert out.returncode != 0 and "lack --config=" in out.stdout + out.stderr
     out = _dry_run("launch.multinode_gpu", "--dry_run", "--", *TRAIN)
     assert out.returncode != 0 and "exactly one of --hosts" in out.stdout + out.stderr
+
+
+def _sleeper(pid_file, seconds=60):
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+    return [sys.executable, "-c", code + f"time.sleep({seconds})"]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _wait_for(path, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+    return int(path.read_text())
+
+
+def test_run_all_stops_the_others_when_one_fails(tmp_path):
+    start = time.monotonic()
+    failing = [sys.executable, "-c", "import time, sys; time.sleep(2); sys.exit(3)"]
+    code = launchers.run_all([_sleeper(tmp_path / "a"), failing], poll_s=0.05, grace_s=5)
+    assert code == 3
+    assert not _alive(_wait_for(tmp_path / "a"))
+    assert time.monotonic() - start < 30  # not the sleeper's 60 s
+
+
+def test_killing_the_launcher_ends_every_node_command(tmp_path):
+    """SIGTERM to the launcher stops its node commands (ssh clients, whose -tt ends the remote
+    trainers), instead of leaving them running."""
+    nodes = [_sleeper(tmp_path / "n0"), _sleeper(tmp_path / "n1")]
+    script = (
+        "import sys; from agentrl_jax import launchers; "
+        f"sys.exit(launchers.run_all({nodes!r}, poll_s=0.05, grace_s=5))"
+    )
+    launcher = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)
+    pids = [_wait_for(tmp_path / "n0"), _wait_for(tmp_path / "n1")]
+    assert all(_alive(p) for p in pids)
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    assert not any(_alive(p) for p in pids)

@@ -2,6 +2,7 @@
 
 import os
 import socket
+import sys
 
 import jax
 import numpy as np
@@ -102,6 +103,11 @@ def test_process_rows_match_the_placed_global_batch(mesh_shape, num_rows, expect
     assert {p: sorted(h) for p, h in held.items()} == {p: list(r) for p, r in expected.items()}
 
 
+def test_payloads_are_padded_to_powers_of_two():
+    sizes = [0, 1, 2, 3, 4, 5, 4095, 4096, 4097]
+    assert [multihost.payload_bucket(n) for n in sizes] == [1, 1, 2, 4, 4, 8, 4096, 4096, 8192]
+
+
 def test_single_process_collectives_are_local():
     assert multihost.is_primary()
     assert multihost.allgather_objects({"a": [1, 2]}) == [{"a": [1, 2]}]
@@ -179,6 +185,86 @@ def test_each_process_plays_its_waves_as_the_whole_list_would(worker_parts):
     assert _played(parts) == _played(whole)
 
 
+# ---------------------------------------------------------------- small multi-process checks
+
+
+def _free_port() -> int:
+    """A free TCP port for the coordinator."""
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def _run_workers(mode, tmp_path, count=2, devices=2, timeout=120, **env):
+    """``count`` processes of ``tests/multihost_worker.py MODE`` (``devices`` fake CPU devices
+    each); returns each one's (exit status, output)."""
+    worker = os.path.join(os.path.dirname(__file__), "multihost_worker.py")
+    coordinator = f"localhost:{_free_port()}"
+    procs = [
+        train_cli.start(
+            [sys.executable, worker, mode, coordinator, str(count), str(p)],
+            tmp_path,
+            tmp_path / f"{mode}.{p}.log",
+            devices=devices,
+            **env,
+        )
+        for p in range(count)
+    ]
+    return train_cli.wait_all(*procs, timeout=timeout)
+
+
+def test_exchanges_compile_once_not_every_iteration(tmp_path):
+    """Episodes of a new byte length every iteration and the sampler's replica refresh reuse
+    their programs: after the first iteration, no exchange compiles anything."""
+    for code, text in _run_workers("exchange", tmp_path):
+        assert code == 0, text[-3000:]
+        compiles = [
+            int(line.split()[2]) for line in text.splitlines() if line.startswith("compiles")
+        ]
+        assert len(compiles) == 6, text[-3000:]
+        assert compiles[0] > 0  # the first exchange compiles its programs (the check can see)
+        assert compiles[1:] == [0] * 5, compiles
+
+
+def test_processes_that_disagree_stop_naming_what_differs(tmp_path):
+    lines = []
+    for code, text in _run_workers("agree", tmp_path):
+        assert code == 3, text[-3000:]
+        assert "agreed\n" in text and "agreed again" not in text
+        lines.append(next(ln for ln in text.splitlines() if ln.startswith("multi-host error")))
+    # Every process stops, with the same message naming each part and key that differs.
+    assert lines[0] == lines[1]
+    line = lines[0]
+    for part in (
+        "config: rl.actor_lr (0.0001 vs 0.0002)",
+        "code: agentrl_jax/training/trainer.py (",
+        "tasks: eval simple (",
+        "tokenizer: vocabulary (",
+    ):
+        assert f"process 1 differs from process 0 in {part}" in line, (part, line)
+    assert "train simple" not in line and "special tokens" not in line
+
+
+def test_disagreements_name_parts_keys_and_both_values():
+    same = {"config": {"seed": "0", "rl.algo": "'grpo'"}, "code": {"a.py": "1"}}
+    other = {"config": {"seed": "1", "rl.algo": "'grpo'"}, "code": {"a.py": "1", "b.py": "2"}}
+    assert multihost.disagreements([same, same, same]) == []
+    assert multihost.disagreements([same, same, other]) == [
+        "process 2 differs from process 0 in code: b.py (missing vs 2)",
+        "process 2 differs from process 0 in config: seed (0 vs 1)",
+    ]
+    many = {"config": {f"k{i}": str(i) for i in range(5)}}
+    (line,) = multihost.disagreements([many, {"config": {}}], show=2)
+    assert line.endswith("k0 (0 vs missing), k1 (1 vs missing) and 3 more")
+    multihost.check_agreement(same)  # one process: nothing to compare
+
+
+def test_code_fingerprint_covers_the_package():
+    code = multihost.code_fingerprint()
+    assert "agentrl_jax/training/trainer.py" in code and "agentrl_jax/__init__.py" in code
+    assert all(len(h) == 16 for h in code.values())
+
+
 # ---------------------------------------------------------------- 2 processes x 4 == 1 x 8
 
 # The test config with a batch that spans the 8 devices: a (4, 2, 1) mesh (rows over data and
@@ -231,10 +317,7 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
         timeout=900,
     )
 
-    with socket.socket() as probe:  # a free port for the coordinator
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
-    flags = (f"--coordinator_address=localhost:{port}", "--num_processes=2")
+    flags = (f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2")
     procs = [
         train_cli.start(
             train_cli.train_cmd(two, *OVERRIDES, *flags, f"--process_id={p}"),

@@ -1,5 +1,6 @@
 """Meshes and logical-axis rules on 8 fake CPU devices: same numbers on every mesh."""
 
+import inspect
 import math
 import os
 import socket
@@ -199,6 +200,37 @@ def test_maybe_initialize_distributed_reads_the_scheduler_variables(monkeypatch)
     monkeypatch.delenv("JAX_PROCESS_ID", raising=False)
     with pytest.raises(ValueError, match=r"num_processes=2, process_id=None"):
         sharding.maybe_initialize_distributed()
+
+
+def test_distributed_timeouts_reach_jax_where_it_accepts_them(monkeypatch):
+    # The installed JAX takes both: a hung host then fails the run instead of holding it.
+    accepted = inspect.signature(jax.distributed.initialize).parameters
+    assert {"initialization_timeout", "heartbeat_timeout_seconds"} <= set(accepted)
+    calls = []
+
+    def older_initialize(coordinator_address=None, num_processes=None, process_id=None,
+                         initialization_timeout=300):  # fmt: skip
+        calls.append(dict(initialization_timeout=initialization_timeout))
+
+    monkeypatch.setattr(jax.distributed, "is_initialized", lambda: False)
+    monkeypatch.setattr(jax.distributed, "initialize", older_initialize)
+    assert sharding.maybe_initialize_distributed(
+        "localhost:1", 1, 0, initialization_timeout_s=30, heartbeat_timeout_s=20
+    )
+    assert calls == [dict(initialization_timeout=30)]  # the one it lacks is left out
+
+    def initialize(coordinator_address=None, num_processes=None, process_id=None,
+                   initialization_timeout=300, heartbeat_timeout_seconds=100):  # fmt: skip
+        calls.append(dict(coordinator_address=coordinator_address, num_processes=num_processes,
+                          process_id=process_id, initialization_timeout=initialization_timeout,
+                          heartbeat_timeout_seconds=heartbeat_timeout_seconds))  # fmt: skip
+
+    monkeypatch.setattr(jax.distributed, "initialize", initialize)
+    sharding.maybe_initialize_distributed("localhost:1", 1, 0, heartbeat_timeout_s=20)
+    assert calls[-1] == dict(
+        coordinator_address="localhost:1", num_processes=1, process_id=0,
+        initialization_timeout=300, heartbeat_timeout_seconds=20,
+    )  # fmt: skip
 
 
 @pytest.mark.slow

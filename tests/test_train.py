@@ -11,6 +11,7 @@ import sys
 import time
 import types
 
+import jax
 import ml_collections
 import pytest
 
@@ -279,3 +280,81 @@ def test_every_shipped_config_validates(name):
         cfg.mesh = (1, 1, 1)
     run = from_config_dict(cfg, num_devices=1)
     assert run.rl.algo in name or name == "tiny_textworld" or run.rl.algo == "gae"
+
+
+def _checkpoint_trainer(config, directory):
+    """The Trainer's checkpoint methods on a stand-in holding a tiny policy and its RL state."""
+    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models.testing import random_model
+    from agentrl_jax.training.checkpoint import Checkpointer
+    from agentrl_jax.training.curriculum import Curriculum
+    from agentrl_jax.training.trainer import rl_learner
+    from agentrl_jax.training.watchdog import Watchdog
+
+    policy = random_model(Qwen2ForCausalLM)
+    trainer = types.SimpleNamespace(
+        config=config,
+        policy=policy,
+        critic=None,
+        learner=rl_learner(config, policy, None),
+        checkpointer=Checkpointer(directory, keep_last=2, keep_best=0, async_save=False),
+        meta={"phase": "rl", "rl_iteration": 0, "evals": {}},
+        curriculum=Curriculum(config.curriculum),
+        watchdog=Watchdog(0),
+        ref_policy=None,
+        state=None,
+        sft_state=None,
+    )
+    for name in ("save", "_save", "_state_tree", "_freeze_reference", "restore"):
+        setattr(trainer, name, functools.partial(getattr(Trainer, name), trainer))
+    return trainer
+
+
+def _leaves(tree):
+    import numpy as np
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+@pytest.mark.parametrize("kl_coef", [0.05, 0.0])
+def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef):
+    import orbax.checkpoint as ocp
+
+    config = from_config_dict(_config(rl=dict(kl_coef=kl_coef)), num_devices=1)
+    directory = str(tmp_path / "checkpoints")
+    run = _checkpoint_trainer(config, directory)
+    run.state = run.learner.init(run.policy)
+    frozen = _leaves(run.state.policy)
+    writes = []
+    save_frozen = run.checkpointer.save_frozen
+    run.checkpointer.save_frozen = lambda *a: (writes.append(a[0]), save_frozen(*a))
+    run._freeze_reference()  # as RL starts
+    for it in range(3):  # the policy moves on; three checkpoints
+        run.state = dataclasses.replace(
+            run.state, policy=jax.tree.map(lambda x: x + 1.0, run.state.policy)
+        )
+        run.meta["rl_iteration"] = it + 1
+        run.save()
+    moved = _leaves(run.state.policy)
+    run.checkpointer.close()
+
+    # Written once, beside the checkpoints; no checkpoint holds a copy of it.
+    assert writes == (["reference"] if kl_coef else [])
+    assert os.path.isdir(os.path.join(directory, "reference")) == bool(kl_coef)
+    for step in run.checkpointer.all_steps():
+        with ocp.StandardCheckpointer() as ckpt:
+            tree = ckpt.metadata(os.path.join(directory, str(step), "state")).item_metadata.tree
+        assert sorted(tree) == ["train"]
+
+    # A resumed run restores the RL state and the reference as RL started.
+    resumed = _checkpoint_trainer(config, directory)
+    assert resumed.restore()
+    assert resumed.meta["rl_iteration"] == 3 and "reference" not in resumed.meta
+    for a, b in zip(_leaves(resumed.state.policy), moved, strict=True):
+        assert (a == b).all()
+    if kl_coef:
+        for a, b in zip(_leaves(resumed.ref_policy), frozen, strict=True):
+            assert (a == b).all()
+    else:
+        assert resumed.ref_policy is None  # the KL term is off: no reference held or saved
+    resumed.checkpointer.close()

@@ -56,10 +56,10 @@ def start(cmd, cache, log_path, *, devices: int | None = None, **env) -> subproc
     return proc
 
 
-def finish(*procs: subprocess.Popen, timeout: float = 600) -> list[str]:
-    """Waits for every process (killing those past ``timeout``); asserts each exited with 0.
+def wait_all(*procs: subprocess.Popen, timeout: float = 600) -> list[tuple[int, str]]:
+    """Waits for every process (killing those past ``timeout``).
 
-    Returns each process's output, in order.
+    Returns each process's (exit status, output), in order.
     """
     for proc in procs:
         try:
@@ -67,11 +67,21 @@ def finish(*procs: subprocess.Popen, timeout: float = 600) -> list[str]:
         finally:
             if proc.poll() is None:
                 proc.kill()
-    texts = []
+                proc.wait()
+    out = []
     for proc in procs:
         proc.log.seek(0)
-        texts.append(proc.log.read().decode(errors="replace"))
+        out.append((proc.returncode, proc.log.read().decode(errors="replace")))
         proc.log.close()
-    for proc, text in zip(procs, texts):
-        assert proc.returncode == 0, text[-4000:]
-    return texts
+    return out
+
+
+def finish(*procs: subprocess.Popen, timeout: float = 600) -> list[str]:
+    """Waits for every process (killing those past ``timeout``); asserts each exited with 0.
+
+    Returns each process's output, in order.
+    """
+    results = wait_all(*procs, timeout=timeout)
+    for code, text in results:
+        assert code == 0, text[-4000:]
+    return [text for _, text in results]

@@ -1,8 +1,10 @@
 """Orbax checkpoints of the whole training state: keep the last k and the best, asynchronously.
 
 A checkpoint holds two items: ``state`` (a pytree of arrays: the trainer saves params, optimizer
-states, the value model, the step counter and the frozen KL reference) and ``meta`` (JSON:
-phase, RL iteration, curriculum state, the SFT data-iterator state, evaluations). No RNG state is
+states, the value model and the step counter) and ``meta`` (JSON: phase, RL iteration, curriculum
+state, the SFT data-iterator state, evaluations). What never changes during a run (the frozen KL
+reference policy) is written once as a *frozen item* beside the numbered checkpoints
+(``save_frozen``: ``directory/<name>``), and the checkpoints' meta names it. No RNG state is
 saved: the trainer derives every key from (seed, iteration), so a resumed run draws the same
 numbers. Orbax writes each step into a temporary directory and renames it when complete, so a
 crash or a failure mid-write leaves the previous checkpoint intact and loadable.
@@ -20,7 +22,10 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath  # orbax's path library: local paths and URLs alike
 from orbax.checkpoint import checkpoint_managers as cm
+
+from agentrl_jax.training import paths
 
 
 class CheckpointWriteError(RuntimeError):
@@ -53,7 +58,7 @@ class Checkpointer:
             raise ValueError(f"best_mode must be 'max' or 'min', got {best_mode!r}")
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
-        self.directory = os.path.abspath(directory)
+        self.directory = paths.absolute(directory)  # a gs:// URL stays one (orbax writes it)
         self.best_metric = best_metric
         self._worst = -math.inf if best_mode == "max" else math.inf
         policies = [cm.LatestN(n=keep_last)]
@@ -154,6 +159,46 @@ class Checkpointer:
             return None
         state, meta = self.restore(step, abstract_state)
         return step, state, meta
+
+    def frozen_path(self, name: str) -> str:
+        """Where frozen item ``name`` is (or would be) written."""
+        if not name or name.isdigit() or "/" in name:
+            raise ValueError(f"frozen item name {name!r}: expected a non-numeric directory name")
+        return os.path.join(self.directory, name)
+
+    def save_frozen(self, name: str, state: Any) -> None:
+        """Writes ``state`` once as frozen item ``name`` (synchronously; replaces an earlier one).
+
+        Numbered checkpoints are pruned (keep last k, keep best); a frozen item is not, so the
+        checkpoints that name it in their meta can all be restored.
+
+        Raises:
+          CheckpointWriteError: naming the item's path and the cause.
+        """
+        path = self.frozen_path(name)
+        try:
+            with ocp.StandardCheckpointer() as checkpointer:
+                checkpointer.save(path, state, force=True)
+                checkpointer.wait_until_finished()
+        except Exception as e:  # Whatever the writer raised: the run cannot go on without it.
+            raise CheckpointWriteError(
+                f"cannot write {name} to {path}: {type(e).__name__}: {e}"
+            ) from e
+
+    def restore_frozen(self, name: str, abstract_state: Any) -> Any:
+        """Frozen item ``name``, read into the structure, shapes and shardings given.
+
+        Raises:
+          FileNotFoundError: it was never written (or was deleted), naming the path.
+        """
+        path = self.frozen_path(name)
+        if not epath.Path(path).exists():
+            raise FileNotFoundError(
+                f"the checkpoints in {self.directory} need {name} at {path}, which is missing; "
+                "put it back, or start the run in a new workdir"
+            )
+        with ocp.StandardCheckpointer() as checkpointer:
+            return checkpointer.restore(path, jax.tree.map(_as_abstract, abstract_state))
 
     def wait(self) -> None:
         """Blocks until the write under way is complete.

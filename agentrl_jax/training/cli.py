@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 from absl import flags
 
+from agentrl_jax.training import paths
+
 USAGE_ERROR = 2
 
 
@@ -81,9 +83,14 @@ def missing_key(config, dotted: str) -> str | None:
 def usable_workdir(path: str) -> str:
     """Creates ``path`` if needed and checks that files can be written there.
 
+    A URL (``gs://...``) is returned as it is: orbax writes checkpoints there itself, and
+    probing it would need the network here.
+
     Returns:
       The path. On failure: one line naming the path and the reason, exit status 2.
     """
+    if paths.is_url(path):
+        return path
     probe = os.path.join(path, f".write_test.{os.getpid()}")
     try:
         os.makedirs(path, exist_ok=True)

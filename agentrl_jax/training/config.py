@@ -348,6 +348,10 @@ class RunConfig:
     envrl: EnvrlSection
     checkpoint: CheckpointSection
     eval_every: int = 0  # RL iterations between held-out evaluations (0: only before and after)
+    # Seconds an RL iteration, SFT epoch, evaluation or checkpoint may take before the process
+    # ends with an error naming it (0: no limit). A multi-host run otherwise waits forever on a
+    # host that hangs (training/watchdog.py); leave room for the first iteration's compilation.
+    watchdog_s: float = 0.0
     # Modules imported before validation: they register estimators, losses or envs by name
     # (docs/custom_losses.md), e.g. --config.plugins="('my_losses',)".
     plugins: tuple[str, ...] = ()
@@ -356,6 +360,7 @@ class RunConfig:
         """The checks across sections (each section checked its own fields)."""
         _integer("config.seed", self.seed, 0)
         _integer("config.eval_every", self.eval_every, 0)
+        _number("config.watchdog_s", self.watchdog_s, lambda v: v >= 0, ">= 0 seconds (0: off)")
         if len(self.mesh) != 3 or any(
             isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in self.mesh
         ):
@@ -468,7 +473,7 @@ def base_config() -> ml_collections.ConfigDict:
     """The defaults every ``configs/<name>.py`` starts from, generated from the dataclasses."""
     c = ml_collections.ConfigDict()
     top = _defaults(RunConfig)
-    for name in ("seed", "mesh", "eval_every", "plugins"):
+    for name in ("seed", "mesh", "eval_every", "watchdog_s", "plugins"):
         c[name] = top[name]
     for name in ("model", "env", "rollout"):
         c[name] = _defaults(SECTIONS[name])
@@ -580,6 +585,7 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         mesh=mesh,
         curriculum=curriculum,
         eval_every=cd.get("eval_every", top["eval_every"]),
+        watchdog_s=cd.get("watchdog_s", top["watchdog_s"]),
         plugins=plugins,
         **sections,
     )

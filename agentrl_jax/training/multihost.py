@@ -23,6 +23,10 @@ What each process of an N-process run does (docs/architecture.md, "Multi-host"):
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import importlib
+import pathlib
 import pickle
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -94,6 +98,11 @@ def process_rows(
     return {p: np.array(sorted(r), np.int64) for p, r in sorted(rows.items())}
 
 
+def payload_bucket(num_bytes: int) -> int:
+    """The padded length of an exchanged payload: the smallest power of two >= ``num_bytes``."""
+    return 1 << max(num_bytes - 1, 0).bit_length()
+
+
 def allgather_objects(obj: Any) -> list[Any]:
     """Every process's ``obj`` (any picklable value), in process order, on every process.
 
@@ -106,7 +115,9 @@ def allgather_objects(obj: Any) -> list[Any]:
     data = np.frombuffer(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL), np.uint8)
     sizes = np.asarray(multihost_utils.process_allgather(np.array([data.size], np.int32)))
     sizes = sizes.reshape(-1)
-    padded = np.zeros(max(int(sizes.max()), 1), np.uint8)
+    # The gather is compiled per shape: padding to a power of two keeps the programs of a run's
+    # exchanges (episodes of a new byte length every iteration) to a handful.
+    padded = np.zeros(payload_bucket(int(sizes.max())), np.uint8)
     padded[: data.size] = data
     gathered = np.asarray(multihost_utils.process_allgather(padded))
     return [pickle.loads(gathered[p, : int(n)].tobytes()) for p, n in enumerate(sizes)]
@@ -136,6 +147,13 @@ def local_mesh() -> Mesh:
     return sharding.make_mesh((-1, 1, 1), jax.local_devices())
 
 
+@functools.cache
+def _replicator(mesh: Mesh) -> Callable[[Any], Any]:
+    """The identity, jitted once per mesh, with replicated outputs: a new jit (of a new lambda)
+    per call would trace and compile the all-gather again at every refresh."""
+    return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
+
+
 def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
     """A copy of a global pytree (e.g. the policy's parameters) replicated on ``local``'s devices.
 
@@ -144,8 +162,7 @@ def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
     sampler runs on that copy without any cross-host communication, so each process can play
     its own waves at its own pace.
     """
-    replicated = NamedSharding(mesh, PartitionSpec())
-    full = jax.jit(lambda t: t, out_shardings=replicated)(tree)
+    full = _replicator(mesh)(tree)
     local_sharding = NamedSharding(local, PartitionSpec())
     by_device = {d: i for i, d in enumerate(local.devices.flat)}
 
@@ -156,6 +173,74 @@ def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
         )
 
     return jax.tree.map(to_local, full)
+
+
+# ---------------------------------------------------------------- agreement
+
+
+class DisagreementError(RuntimeError):
+    """The processes of a run do not agree on what they run; the message names what differs."""
+
+
+def digest(value: Any) -> str:
+    """A short, stable hash of a value's ``repr`` (lists, tuples, dicts of plain values)."""
+    return hashlib.sha256(repr(value).encode()).hexdigest()[:16]
+
+
+def code_fingerprint(package: str = "agentrl_jax") -> dict[str, str]:
+    """``{path: hash}`` of every Python file of ``package`` (paths from the package's parent).
+
+    The code revision two hosts run: a checkout at another commit, or an edit on one host, shows
+    as the files that differ (a git revision would miss uncommitted edits).
+    """
+    root = pathlib.Path(importlib.import_module(package).__file__).parent
+    return {
+        str(f.relative_to(root.parent)): hashlib.sha256(f.read_bytes()).hexdigest()[:16]
+        for f in sorted(root.rglob("*.py"))
+    }
+
+
+def task_fingerprint(task_lists: dict[str, Sequence[Any]]) -> dict[str, str]:
+    """``{name: hash of the task ids in order}`` for named task lists (e.g. per level)."""
+    return {name: digest([t.name for t in tasks]) for name, tasks in task_lists.items()}
+
+
+def disagreements(fingerprints: Sequence[dict[str, dict[str, str]]], show: int = 3) -> list[str]:
+    """Where each process's fingerprint differs from process 0's, one line per process and part.
+
+    A fingerprint is ``{part: {key: value}}`` (e.g. ``{"config": {"rl.actor_lr": "0.0001"}}``);
+    a line names the part, then up to ``show`` keys with both processes' values.
+    """
+    out = []
+    first = fingerprints[0]
+    for p, other in enumerate(fingerprints[1:], start=1):
+        for part in sorted(set(first) | set(other)):
+            mine, theirs = first.get(part, {}), other.get(part, {})
+            keys = [k for k in sorted(set(mine) | set(theirs)) if mine.get(k) != theirs.get(k)]
+            if not keys:
+                continue
+            shown = ", ".join(
+                f"{k} ({mine.get(k, 'missing')} vs {theirs.get(k, 'missing')})" for k in keys[:show]
+            )
+            more = f" and {len(keys) - show} more" if len(keys) > show else ""
+            out.append(f"process {p} differs from process 0 in {part}: {shown}{more}")
+    return out
+
+
+def check_agreement(fingerprint: dict[str, dict[str, str]]) -> None:
+    """Checks that every process holds the same ``fingerprint`` (a collective; one process:
+    nothing to compare).
+
+    Raises:
+      DisagreementError: on every process, naming each part and key that differs.
+    """
+    problems = disagreements(allgather_objects(fingerprint))
+    if problems:
+        raise DisagreementError(
+            "the processes of this run disagree: "
+            + "; ".join(problems)
+            + " (every host must run the same code, config, task lists and tokenizer)"
+        )
 
 
 @dataclasses.dataclass
@@ -219,14 +304,21 @@ class ShardedRolloutWorker(RolloutWorker):
 
 
 __all__ = [
+    "DisagreementError",
     "ProcessInfo",
     "ShardedRolloutWorker",
     "allgather_objects",
     "broadcast_object",
+    "check_agreement",
+    "code_fingerprint",
+    "digest",
+    "disagreements",
     "host_array",
     "is_primary",
     "local_mesh",
     "local_replica",
+    "payload_bucket",
     "process_rows",
     "process_slice",
+    "task_fingerprint",
 ]

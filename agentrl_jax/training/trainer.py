@@ -43,7 +43,7 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import envrl_data, multihost, sft_data
+from agentrl_jax.training import envrl_data, multihost, paths, sft_data, workdir_config
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -55,6 +55,7 @@ from agentrl_jax.training.rollout import RolloutWorker, render_observation
 from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
+from agentrl_jax.training.watchdog import Watchdog
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -85,6 +86,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+# The frozen KL reference policy's item beside the numbered checkpoints (written once).
+REFERENCE = "reference"
 
 
 def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
@@ -128,8 +131,9 @@ class Trainer:
 
     def __init__(self, config: RunConfig, workdir: str):
         self.config = config
-        self.workdir = os.path.abspath(workdir)
-        os.makedirs(self.workdir, exist_ok=True)
+        self.workdir = paths.absolute(workdir)  # a URL (gs://...) is passed through unchanged
+        if not paths.is_url(self.workdir):
+            os.makedirs(self.workdir, exist_ok=True)
         cfg = config
         env_kwargs = dict(cfg.env.kwargs)
         logging.info("workdir: %s", self.workdir)
@@ -152,7 +156,13 @@ class Trainer:
         # Multi-host: each process samples on its own devices, from a local copy of the policy.
         self.multihost = jax.process_count() > 1
         self.local_mesh = multihost.local_mesh() if self.multihost else None
+        if self.multihost:
+            # Before any other collective: hosts that parsed another config, run other code or
+            # list other tasks would otherwise hang in a collective or silently train apart.
+            multihost.check_agreement(self._fingerprint())
         self.tokenizer = self._tokenizer()
+        if self.multihost:
+            multihost.check_agreement({"tokenizer": self._tokenizer_fingerprint()})
         self.template = get_template(cfg.model.template)
         self.policy = self._policy()
         self.critic = (
@@ -203,6 +213,7 @@ class Trainer:
         self.curriculum = Curriculum(cfg.curriculum)
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
+        self.watchdog = Watchdog(cfg.watchdog_s)
 
     # ------------------------------------------------------------------ setup
 
@@ -230,6 +241,23 @@ class Trainer:
                 cfg.env.name, level, "train", cfg.env.num_train_tasks, dict(cfg.env.kwargs)
             )
             for level in cfg.curriculum.levels
+        }
+
+    def _fingerprint(self) -> dict[str, dict[str, str]]:
+        """What every process of a run must agree on: its resolved config, the code, the tasks."""
+        lists = {f"eval {level}": tasks for level, tasks in self.eval_tasks.items()}
+        lists.update({f"train {level}": tasks for level, tasks in self.train_tasks.items()})
+        return {
+            "config": {k: repr(v) for k, v in workdir_config.flat_fields(self.config).items()},
+            "code": multihost.code_fingerprint(),
+            "tasks": multihost.task_fingerprint(lists),
+        }
+
+    def _tokenizer_fingerprint(self) -> dict[str, str]:
+        tok = self.tokenizer
+        return {
+            "vocabulary": multihost.digest(sorted(tok.get_vocab().items())),
+            "special tokens": multihost.digest(tok.all_special_tokens),
         }
 
     def _tokenizer(self):
@@ -355,21 +383,26 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
 
     def _state_tree(self) -> dict[str, Any]:
-        if self.meta["phase"] == "sft":
-            return {"train": self.sft_state}
-        tree = {"train": self.state}
-        if self.ref_policy is not None:
-            tree["ref"] = self.ref_policy
-        return tree
+        return {"train": self.sft_state if self.meta["phase"] == "sft" else self.state}
+
+    def _freeze_reference(self) -> None:
+        """The frozen KL reference: the policy as it enters RL, written once (every later
+        checkpoint names it instead of holding another copy). None when the KL weight is 0."""
+        if self.config.rl.kl_coef <= 0:
+            return
+        self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Checkpoints everything; checkpoints are numbered in order (``meta['checkpoint']``)."""
         self.meta["checkpoint"] = int(self.meta.get("checkpoint", -1)) + 1
-        meta = dict(
-            self.meta,
-            curriculum=self.curriculum.state_dict(),
-            has_ref=self.ref_policy is not None,
-        )
+        with self.watchdog.guard(f"checkpoint {self.meta['checkpoint']}"):
+            self._save(metrics)
+
+    def _save(self, metrics: dict[str, float] | None) -> None:
+        meta = dict(self.meta, curriculum=self.curriculum.state_dict())
+        if self.ref_policy is not None:
+            meta["reference"] = REFERENCE
         self.checkpointer.save(self.meta["checkpoint"], self._state_tree(), meta, metrics)
 
     def restore(self) -> bool:
@@ -377,16 +410,16 @@ class Trainer:
         step = self.checkpointer.latest_step()
         if step is None:
             return False
-        # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state
-        # and, after SFT, the frozen reference), so the abstract tree can be built first: shapes
-        # and shardings only, each array then read straight into its layout. (The SFT
+        # The JSON meta says what the state tree holds (the SFT phase's state, or the RL state)
+        # and which frozen reference goes with it, so the abstract tree can be built first:
+        # shapes and shardings only, each array then read straight into its layout. (The SFT
         # optimizer's structure does not depend on the schedule's length.)
         saved = self.checkpointer.read_meta(step)
         if saved["phase"] == "sft":
             template = {"train": self._sft_learner(total_steps=1).abstract_state(self.policy)}
         else:
             template = {"train": self.learner.abstract_state(self.policy, self.critic)}
-            if saved.get("has_ref"):
+            if saved.get("has_ref"):  # written before the reference was saved once
                 template["ref"] = template["train"].policy
         state, meta = self.checkpointer.restore(step, template)
         if saved["phase"] == "sft":
@@ -394,8 +427,13 @@ class Trainer:
         else:
             self.state = state["train"]
             self.ref_policy = state.get("ref")
+            if meta.get("reference"):
+                self.ref_policy = self.checkpointer.restore_frozen(
+                    meta["reference"], template["train"].policy
+                )
         self.curriculum.load_state_dict(meta.pop("curriculum"))
         meta.pop("has_ref", None)
+        meta.pop("reference", None)
         self.meta = meta
         logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
         return True
@@ -434,7 +472,8 @@ class Trainer:
     def demonstrations(self) -> list[Trajectory]:
         """Expert episodes on the demonstration tasks (the won ones)."""
         tasks = self.demonstration_tasks()
-        demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
+        with self.watchdog.guard("the SFT demonstrations"):
+            demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
         won = [d for d in demos if d.won and not d.infra_failure]
         logging.info("SFT: %d expert demonstrations, %d won", len(demos), len(won))
         return won
@@ -472,16 +511,21 @@ class Trainer:
             bar = tqdm(
                 iterator, desc="sft", initial=done, total=total, disable=not multihost.is_primary()
             )
-            for batch in bar:
-                batch = {k: batch[k] for k in sft_data.BATCH_KEYS}
-                self.sft_state, m = self.sft_learner.sft_step(
-                    self.sft_state, self.sft_learner.place_batch(batch)
-                )
-                step = int(self.sft_state.step)
-                self.writer.scalars({k: float(v) for k, v in m.items()}, step)
-                if step % dataset.batches_per_epoch == 0 and step < total:
-                    self.meta["sft_iterator"] = iterator.get_state()
-                    self.save()
+            epoch = done // dataset.batches_per_epoch + 1
+            with self.watchdog.guard(f"SFT epoch {epoch}") as watchdog:
+                for batch in bar:
+                    batch = {k: batch[k] for k in sft_data.BATCH_KEYS}
+                    self.sft_state, m = self.sft_learner.sft_step(
+                        self.sft_state, self.sft_learner.place_batch(batch)
+                    )
+                    step = int(self.sft_state.step)
+                    self.writer.scalars({k: float(v) for k, v in m.items()}, step)
+                    if step % dataset.batches_per_epoch == 0 and step < total:
+                        self.meta["sft_iterator"] = iterator.get_state()
+                        watchdog.disarm()
+                        self.save()
+                        epoch += 1
+                        watchdog.arm(f"SFT epoch {epoch}")
             nnx.update(self.policy, self.sft_state.policy)
             if self.critic is not None:
                 # The critic's trunk starts from the SFT policy's.
@@ -491,7 +535,7 @@ class Trainer:
         self.state = self.learner.init(self.policy, self.critic)
         metrics = self.evaluate("after_sft", report=True)
         self.writer.scalars(metrics, 0)
-        self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        self._freeze_reference()
         self.meta["phase"] = "rl"
         self.meta.pop("sft_iterator", None)
         self.save(metrics)
@@ -500,7 +544,7 @@ class Trainer:
         cfg = self.config
         if self.ref_policy is None:
             # The frozen reference for the KL term: the policy as SFT left it.
-            self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+            self._freeze_reference()
         total = self.num_rl_iterations()
         from tqdm.auto import tqdm
 
@@ -513,7 +557,8 @@ class Trainer:
             disable=not multihost.is_primary(),
         )
         for it in bar:
-            metrics = self.rl_iteration(it)
+            with self.watchdog.guard(f"RL iteration {it + 1}"):
+                metrics = self.rl_iteration(it)
             self.meta["rl_iteration"] = it + 1
             last = it + 1 == total
             if last or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
@@ -589,6 +634,10 @@ class Trainer:
         (``report_tasks``, e.g. ``simple@test``) give ``report/<level@split>/*``, kept apart so
         that nothing selects on them. A set equal to one already played is not played again.
         """
+        with self.watchdog.guard(f"evaluation {name}"):
+            return self._evaluate(name, report)
+
+    def _evaluate(self, name: str, report: bool) -> dict[str, float]:
         self._sync_sampler()
         sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
         if report:

@@ -22,22 +22,24 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import os
 from typing import Any
 
 import ml_collections
+from etils import epath
 
 from agentrl_jax.training.config import ConfigError, RunConfig, from_config_dict
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
 # Fields a rerun may change freely: none of them changes a parameter, a rollout or a logged
-# training metric (the evaluations before and after RL, and every RNG, do not depend on them).
+# training metric (the evaluations before and after RL, and every RNG, do not depend on them;
+# the watchdog only decides when a stuck run gives up).
 FREE_FIELDS = (
     "checkpoint.every",
     "checkpoint.keep_last",
     "checkpoint.keep_best",
     "eval_every",
+    "watchdog_s",
 )
 
 
@@ -82,13 +84,11 @@ def load_saved(workdir: str) -> RunConfig | None:
     Raises:
       ConfigError: the file cannot be read or no longer validates (names the path).
     """
-    path = os.path.join(workdir, CONFIG_FILE)
-    if not os.path.exists(path):
+    path = epath.Path(workdir, CONFIG_FILE)
+    if not path.exists():
         return None
     try:
-        with open(path) as f:
-            cd = ml_collections.ConfigDict(json.load(f))
-        return from_config_dict(cd)
+        return from_config_dict(ml_collections.ConfigDict(json.loads(path.read_text())))
     except (OSError, ValueError) as e:  # ConfigError and JSONDecodeError are ValueErrors.
         raise ConfigError(
             f"cannot compare with the run's saved config {path}: {type(e).__name__}: {e}; "
@@ -122,8 +122,8 @@ def check_and_record(
         or the saved config cannot be read (unless ``allow_change``); ``config.json`` is left as
         it was.
     """
-    path = os.path.join(workdir, CONFIG_FILE)
-    existed = os.path.exists(path)
+    path = epath.Path(workdir, CONFIG_FILE)  # local, or a URL such as gs://
+    existed = path.exists()
     try:
         saved = load_saved(workdir)
     except ConfigError:
@@ -147,10 +147,10 @@ def check_and_record(
             "allowed_by_flag": bool(binding) or saved is None,
             "saved_was_unreadable": saved is None,
         }
-        with open(os.path.join(workdir, CHANGES_FILE), "a") as f:
-            f.write(json.dumps(record, default=repr) + "\n")
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(config_dict.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
-    os.replace(tmp, path)
+        log = epath.Path(workdir, CHANGES_FILE)
+        previous = log.read_text() if log.exists() else ""  # object stores cannot append
+        log.write_text(previous + json.dumps(record, default=repr) + "\n")
+    tmp = epath.Path(f"{path}.tmp")
+    tmp.write_text(config_dict.to_json_best_effort(indent=2) + "\n")  # launch.eval reads it
+    tmp.replace(path)
     return changes
