@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 import sys
 from typing import Any
@@ -278,6 +279,32 @@ def load_config_file(spec: str):
     return module.get_config(arg) if arg else module.get_config()
 
 
+def _mesh(value, num_devices: int | None) -> tuple[int, int, int]:
+    """``config.mesh``: (data, fsdp, tp) sizes; one may be -1, the devices the others leave.
+
+    With ``num_devices`` the product must equal it (a -1 is resolved against it); without, a -1
+    stays for ``sharding.make_mesh`` to resolve against the devices it is given.
+    """
+    mesh = tuple(int(x) for x in value)
+    if len(mesh) != 3 or any(x < 1 and x != -1 for x in mesh) or mesh.count(-1) > 1:
+        raise ConfigError(
+            f"config.mesh is {mesh}; expected three sizes (data, fsdp, tp), positive or one -1 "
+            "(the devices the others leave)"
+        )
+    if num_devices is None:
+        return mesh
+    known = math.prod(x for x in mesh if x != -1)
+    if -1 in mesh and num_devices % known == 0:
+        mesh = tuple(num_devices // known if x == -1 else x for x in mesh)
+    if math.prod(mesh) != num_devices:
+        needs = f"a multiple of {known}" if -1 in mesh else str(known)
+        raise ConfigError(
+            f"config.mesh={mesh} needs {needs} devices; this run has {num_devices} (the product "
+            "of (data, fsdp, tp) must equal the device count)"
+        )
+    return mesh
+
+
 def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     """Validates a ConfigDict and freezes it into a RunConfig (no compute happens here).
 
@@ -372,14 +399,7 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.curriculum: {e}") from e
 
-    mesh = tuple(int(x) for x in cd.get("mesh", (1, 1, 1)))
-    if len(mesh) != 3 or any(x < 1 for x in mesh):
-        raise ConfigError(f"config.mesh is {mesh}; expected three positive sizes (data, fsdp, tp)")
-    if num_devices is not None and mesh[0] * mesh[1] * mesh[2] != num_devices:
-        raise ConfigError(
-            f"config.mesh={mesh} needs {mesh[0] * mesh[1] * mesh[2]} devices; this run has "
-            f"{num_devices} (the product of (data, fsdp, tp) must equal the device count)"
-        )
+    mesh = _mesh(cd.get("mesh", (1, 1, 1)), num_devices)
     return RunConfig(
         seed=int(cd.get("seed", 0)),
         model=model,

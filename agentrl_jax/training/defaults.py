@@ -6,7 +6,9 @@ import ml_collections
 def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
-    c.mesh = (1, 1, 1)  # (data, fsdp, tp); the product must equal the device count
+    # (data, fsdp, tp); the product must equal the device count, and one size may be -1: the
+    # devices the others leave, e.g. (1, -1, 1) shards parameters over every device (FSDP).
+    c.mesh = (1, 1, 1)
     c.eval_every = 0  # RL iterations between held-out evaluations (0: only before and after)
     # Modules imported before validation: they register estimators, losses or envs by name
     # (docs/custom_losses.md), e.g. --config.plugins="('my_losses',)".
