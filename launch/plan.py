@@ -28,7 +28,7 @@ _fake_devices(sys.argv)
 
 import json  # noqa: E402
 
-from absl import app, flags  # noqa: E402
+from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from agentrl_jax.training import cli  # noqa: E402
@@ -37,6 +37,9 @@ from agentrl_jax.training.config import ConfigError, from_config_dict  # noqa: E
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", None, "Fake CPU devices to plan for (the mesh's size).")
 _OUT = flags.DEFINE_string("out", None, "Where to write the plan's JSON.")
+_PROGRAMS = flags.DEFINE_list(
+    "programs", None, "Only these programs (sampler_turn, sft_step, score, rl_update)."
+)
 _PROMPT = flags.DEFINE_integer(
     "prompt_tokens", 512, "Prompt tokens the planned sampler turn prefills."
 )
@@ -44,6 +47,7 @@ _PROMPT = flags.DEFINE_integer(
 
 def main(argv):
     del argv
+    logging.set_verbosity(logging.INFO)  # each program as it compiles
     if _CONFIG.value is None or not _DEVICES.value or _DEVICES.value < 1:
         raise app.UsageError("--config=configs/<name>.py and --devices=N (N >= 1) are required")
     if _PROMPT.value < 1:
@@ -55,7 +59,11 @@ def main(argv):
 
     from agentrl_jax.training import plan
 
-    result = plan.memory_plan(config, prompt_tokens=_PROMPT.value)
+    programs = tuple(_PROGRAMS.value) if _PROGRAMS.value else None
+    unknown = sorted(set(programs or ()) - set(plan.PROGRAMS))
+    if unknown:
+        cli.fail(f"--programs: {unknown} unknown; expected names from {list(plan.PROGRAMS)}")
+    result = plan.memory_plan(config, prompt_tokens=_PROMPT.value, programs=programs)
     print(plan.format_table(result))
     if _OUT.value:
         with open(_OUT.value, "w") as f:

@@ -52,6 +52,7 @@ from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.trainer import model_config, rl_learner, rl_sampling, sft_learner
 
 GIB = 1 << 30
+PROGRAMS = ("sampler_turn", "sft_step", "score", "rl_update")
 # Prompt tokens a planned turn prefills: a long observation (the prefill's attention is
 # [rows, heads, prompt, slots], so a longer prompt costs proportionally more).
 PROMPT_TOKENS = 512
@@ -64,6 +65,7 @@ def memory_plan(
     *,
     prompt_tokens: int = PROMPT_TOKENS,
     num_choices: int = NUM_CHOICES,
+    programs: tuple[str, ...] | None = None,
 ) -> dict[str, Any]:
     """Compiles every program of a run of ``config`` on the current devices; returns the plan.
 
@@ -71,14 +73,19 @@ def memory_plan(
     as ``config.mesh``; with fake CPU devices (``--xla_force_host_platform_device_count``) this
     plans any mesh on one machine.
 
+    ``programs`` names the ones to compile (default: all the run executes, ``PROGRAMS``).
+
     Returns:
       {"devices", "mesh", "model", "programs": [{"name", "shapes", "compile_s",
       "per_device_bytes": {"arguments", "outputs", "temporaries", "aliased", "total",
       "resident", "peak"}, "analytic_bytes": {"params", "optimizer"}}], "largest"}.
 
     Raises:
-      ValueError: the mesh needs more devices than there are.
+      ValueError: the mesh needs more devices than there are, or an unknown program name.
     """
+    unknown = sorted(set(programs or ()) - set(PROGRAMS))
+    if unknown:
+        raise ValueError(f"programs {unknown}: expected names from {list(PROGRAMS)}")
     mesh_shape = tuple(config.mesh)
     devices = jax.devices()
     if math.prod(mesh_shape) > len(devices) or -1 in mesh_shape:
@@ -96,11 +103,18 @@ def memory_plan(
     state = learner.abstract_state(policy, critic)
     ref = state.policy if config.rl.kl_coef > 0 else None
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
-    programs = [_sampler_turn(config, policy, state, ref, mesh, prompt_tokens, num_choices)]
-    if budget_lib.from_config(config.budget).num_demos:
-        programs.append(_sft_step(config, policy, mesh, seq))
-    programs.append(_score(config, learner, state, ref, rows, seq, num_choices))
-    programs.append(_rl_update(config, learner, state, ref, rows, seq, num_choices))
+    build = {
+        "sampler_turn": lambda: _sampler_turn(
+            config, policy, state, ref, mesh, prompt_tokens, num_choices
+        ),
+        "sft_step": lambda: _sft_step(config, policy, mesh, seq),
+        "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices),
+        "rl_update": lambda: _rl_update(config, learner, state, ref, rows, seq, num_choices),
+    }
+    runs = [name for name in PROGRAMS if programs is None or name in programs]
+    if not budget_lib.from_config(config.budget).num_demos:
+        runs = [name for name in runs if name != "sft_step"]  # a run without SFT
+    programs = [build[name]() for name in runs]
     largest = max(programs, key=lambda p: p["per_device_bytes"]["peak"])
     return {
         "devices": mesh.size,
