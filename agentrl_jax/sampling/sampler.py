@@ -152,8 +152,58 @@ class Sampler:
             return KVCache.create(self.cfg, batch, size)
         # Created in place, each device holding only its shard.
         create = functools.partial(KVCache.create, self.cfg, batch, size)
-        shardings = sharding.kv_cache_shardings(jax.eval_shape(create), self.mesh)
+        shardings = jax.tree.map(lambda x: x.sharding, self.abstract_cache(batch, cache_size))
         return jax.jit(create, out_shardings=shardings)()
+
+    def abstract_cache(self, batch: int, cache_size: int) -> KVCache:
+        """The cache ``start`` makes, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh)."""
+        size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
+        abstract = jax.eval_shape(functools.partial(KVCache.create, self.cfg, batch, size))
+        if self.mesh is None:
+            return abstract
+        return jax.tree.map(
+            lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+            abstract,
+            sharding.kv_cache_shardings(abstract, self.mesh),
+        )
+
+    def lower_turn(
+        self,
+        cache: KVCache,
+        chunk_len: int,
+        max_new_tokens: int,
+        *,
+        sampling: SamplingParams | None = None,
+        num_choices: int = 0,
+        slots: int | None = None,
+    ) -> jax.stages.Lowered:
+        """The turn program ``step_turn`` runs for these shapes, lowered without running it.
+
+        Args:
+          cache: the cache, real or abstract (``abstract_cache``): only shapes and shardings
+            are read, as of the sampler's state.
+          chunk_len: new prompt tokens per row (rounded up to a chunk bucket).
+          max_new_tokens: tokens to generate (rounded up to a width bucket).
+          sampling: as in ``step_turn``.
+          num_choices: constrained decoding: choices per row (rounded up to a count bucket), or
+            0 for free decoding.
+          slots: cache slots the turn works on (default: the whole cache, the largest turn).
+
+        Returns:
+          ``jax.stages.Lowered``; ``.compile().memory_analysis()`` gives its per-device bytes.
+        """
+        b = cache.batch
+        width = bk.round_up(max(max_new_tokens, 1), self.width_buckets, what="max_new_tokens")
+        chunk = bk.round_up(max(chunk_len, 1), self.chunk_buckets, what="prompt chunk length")
+        choices = None
+        if num_choices:
+            count = bk.round_up(num_choices, bk.COUNT_BUCKETS, what="choices per row")
+            choices = jax.ShapeDtypeStruct((b, count, width), jnp.int32)
+        rows = lambda *shape: jax.ShapeDtypeStruct((b, *shape), jnp.int32)  # noqa: E731
+        fn = self._turn_fn(sampling or self.sampling, width, slots or cache.size, False)
+        rng = jax.eval_shape(lambda: jax.random.key(0))
+        with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
+            return fn.lower(self.state, cache, rows(chunk), rows(), rows(), rng, choices, None)
 
     def grow(self, cache: KVCache, cache_size: int) -> KVCache:
         """A copy of ``cache`` with room for ``cache_size`` tokens per row (rounded to a bucket)."""

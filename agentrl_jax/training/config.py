@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
+import math
 import os
 import sys
 from typing import Any
@@ -338,7 +339,9 @@ SECTIONS: dict[str, type] = {
 class RunConfig:
     seed: int = 0
     model: ModelSection
-    mesh: tuple[int, int, int] = (1, 1, 1)  # (data, fsdp, tp); the product is the device count
+    # (data, fsdp, tp); the product is the device count, and one size may be -1: the devices the
+    # others leave, e.g. (1, -1, 1) shards parameters over every device (FSDP).
+    mesh: tuple[int, int, int] = (1, 1, 1)
     env: EnvSection
     rollout: RolloutConfig
     curriculum: CurriculumConfig
@@ -361,11 +364,15 @@ class RunConfig:
         _integer("config.seed", self.seed, 0)
         _integer("config.eval_every", self.eval_every, 0)
         _number("config.watchdog_s", self.watchdog_s, lambda v: v >= 0, ">= 0 seconds (0: off)")
-        if len(self.mesh) != 3 or any(
-            isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in self.mesh
+        if (
+            len(self.mesh) != 3
+            or any(isinstance(x, bool) or not isinstance(x, int) for x in self.mesh)
+            or any(x < 1 and x != -1 for x in self.mesh)
+            or self.mesh.count(-1) > 1
         ):
             raise ConfigError(
-                f"config.mesh is {self.mesh}; expected three positive sizes (data, fsdp, tp)"
+                f"config.mesh is {self.mesh}; expected three sizes (data, fsdp, tp), positive or "
+                "one -1 (the devices the others leave)"
             )
         rl, rollout, env = self.rl, self.rollout, self.env
         spec = kernels.get_advantage_spec(rl.algo)
@@ -551,6 +558,32 @@ def load_config_file(spec: str):
     return module.get_config(arg) if arg else module.get_config()
 
 
+def _mesh(value, num_devices: int | None) -> tuple[int, int, int]:
+    """``config.mesh``: (data, fsdp, tp) sizes; one may be -1, the devices the others leave.
+
+    With ``num_devices`` the product must equal it (a -1 is resolved against it); without, a -1
+    stays for ``sharding.make_mesh`` to resolve against the devices it is given.
+    """
+    mesh = tuple(int(x) for x in value)
+    if len(mesh) != 3 or any(x < 1 and x != -1 for x in mesh) or mesh.count(-1) > 1:
+        raise ConfigError(
+            f"config.mesh is {mesh}; expected three sizes (data, fsdp, tp), positive or one -1 "
+            "(the devices the others leave)"
+        )
+    if num_devices is None:
+        return mesh
+    known = math.prod(x for x in mesh if x != -1)
+    if -1 in mesh and num_devices % known == 0:
+        mesh = tuple(num_devices // known if x == -1 else x for x in mesh)
+    if math.prod(mesh) != num_devices:
+        needs = f"a multiple of {known}" if -1 in mesh else str(known)
+        raise ConfigError(
+            f"config.mesh={mesh} needs {needs} devices; this run has {num_devices} (the product "
+            "of (data, fsdp, tp) must equal the device count)"
+        )
+    return mesh
+
+
 def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
     """Validates a ConfigDict and freezes it into a RunConfig (no compute happens here).
 
@@ -577,10 +610,12 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         raise ConfigError(f"config.curriculum: {e}") from e
     curriculum = _section(CurriculumConfig, cur, "config.curriculum")
     try:
-        mesh = tuple(int(x) for x in cd.get("mesh", top["mesh"]))
+        mesh = _mesh(cd.get("mesh", top["mesh"]), num_devices)
     except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError):
+            raise
         raise ConfigError(f"config.mesh is {cd.get('mesh')!r}; expected three ints") from e
-    run = RunConfig(
+    return RunConfig(
         seed=cd.get("seed", top["seed"]),
         mesh=mesh,
         curriculum=curriculum,
@@ -589,10 +624,3 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         plugins=plugins,
         **sections,
     )
-    size = mesh[0] * mesh[1] * mesh[2]
-    if num_devices is not None and size != num_devices:
-        raise ConfigError(
-            f"config.mesh={mesh} needs {size} devices; this run has {num_devices} (the product "
-            "of (data, fsdp, tp) must equal the device count)"
-        )
-    return run

@@ -252,13 +252,30 @@ class Learner:
             return {k: jnp.asarray(v) for k, v in batch.items()}
         out = {}
         for k, v in batch.items():
-            named = sharding.named_sharding(self.mesh, _batch_axes(v), np.shape(v))
+            named = self._row_sharding(np.shape(v))
             if named.is_fully_addressable:
                 out[k] = jax.device_put(v, named)
             else:
                 host = np.asarray(v)
                 out[k] = jax.make_array_from_callback(host.shape, named, lambda i, h=host: h[i])
         return out
+
+    def abstract_batch(self, shapes: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, Any]:
+        """``place_batch``'s layout for arrays of these (shape, dtype), without data.
+
+        Returns ``jax.ShapeDtypeStruct`` per key (with the row sharding on a mesh): the inputs
+        a train step or ``score`` is lowered and compiled with ahead of time (a memory plan).
+        """
+        return {
+            k: jax.ShapeDtypeStruct(
+                shape, dtype, sharding=None if self.mesh is None else self._row_sharding(shape)
+            )
+            for k, (shape, dtype) in shapes.items()
+        }
+
+    def _row_sharding(self, shape) -> jax.sharding.NamedSharding:
+        """Rows over the mesh's (data, fsdp) axes (replicated when they do not divide)."""
+        return sharding.named_sharding(self.mesh, _batch_axes(shape), shape)
 
     def place_replicated(self, tree: Any) -> Any:
         """Puts host arrays on the devices whole (every device a copy), e.g. a shuffle plan."""
@@ -586,9 +603,7 @@ class Learner:
         if self.mesh is None:
             return batch
         return {
-            k: jax.lax.with_sharding_constraint(
-                v, sharding.named_sharding(self.mesh, _batch_axes(v), v.shape)
-            )
+            k: jax.lax.with_sharding_constraint(v, self._row_sharding(v.shape))
             for k, v in batch.items()
         }
 
@@ -632,9 +647,9 @@ def _params(module: nnx.Module | None):
     return None if module is None else nnx.state(module, nnx.Param)
 
 
-def _batch_axes(x) -> tuple[str | None, ...]:
-    """Logical axes of a batch array: rows are the batch, the rest is not split."""
-    return ("batch",) + (None,) * (np.ndim(x) - 1) if np.ndim(x) else ()
+def _batch_axes(shape) -> tuple[str | None, ...]:
+    """Logical axes of a batch array of ``shape``: rows are the batch, the rest is not split."""
+    return ("batch",) + (None,) * (len(shape) - 1) if len(shape) else ()
 
 
 def _metric_name(name: str) -> str:

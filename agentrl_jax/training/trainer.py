@@ -38,7 +38,7 @@ from flax import nnx
 from agentrl_jax import kernels
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
-from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
@@ -126,6 +126,51 @@ def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int
     )
 
 
+def model_config(config: RunConfig, vocab_size: int | None = None) -> ModelConfig:
+    """The policy's shape and numerics, without any weights.
+
+    From the checkpoint's config.json (the only file read) when ``model.checkpoint`` is set, else
+    ``model.preset`` with ``model.overrides``; ``vocab_size`` (a fresh model's tokenizer) goes
+    under the overrides.
+    """
+    cfg = config.model
+    numerics = {"dtype": DTYPES[cfg.dtype], "remat": cfg.remat, "scan_layers": cfg.scan_layers}
+    if cfg.checkpoint:
+        from agentrl_jax.models.hf_checkpoint import load_config
+
+        return load_config(cfg.checkpoint, **numerics)
+    vocab = {} if vocab_size is None else {"vocab_size": vocab_size}
+    return preset(cfg.preset, **{**numerics, **vocab, **dict(cfg.overrides)})
+
+
+def rl_sampling(config: RunConfig) -> SamplingParams:
+    """How RL rollouts sample (the learner's log-probs are of the same ``logits / T``)."""
+    rl = config.rl
+    return SamplingParams(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+
+
+def sft_learner(config: RunConfig, policy, total_steps: int, mesh=None) -> Learner:
+    """Adam, linear warmup then cosine decay to ``end_lr_fraction`` over ``total_steps``."""
+    sft = config.sft
+    warmup = max(sft.warmup_steps, 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0,
+        sft.learning_rate,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=sft.learning_rate * sft.end_lr_fraction,
+    )
+    tx = optax.chain(optax.clip_by_global_norm(config.rl.max_grad_norm), optax.adam(schedule))
+    return Learner(
+        policy,
+        None,
+        tx,
+        logits_chunk=config.model.logits_chunk,
+        microbatch_size=sft.microbatch_size or None,
+        mesh=mesh,
+    )
+
+
 class Trainer:
     """Runs SFT then RL for a RunConfig in ``workdir`` (TensorBoard, checkpoints, reports)."""
 
@@ -152,7 +197,7 @@ class Trainer:
             num_workers=cfg.env.num_workers,
             envs_per_worker=cfg.env.envs_per_worker,
         )
-        self.mesh = make_mesh(cfg.mesh) if math.prod(cfg.mesh) > 1 else None
+        self.mesh = make_mesh(cfg.mesh) if math.prod(cfg.mesh) != 1 else None  # -1: all devices
         # Multi-host: each process samples on its own devices, from a local copy of the policy.
         self.multihost = jax.process_count() > 1
         self.local_mesh = multihost.local_mesh() if self.multihost else None
@@ -175,7 +220,7 @@ class Trainer:
             self.policy,
             stop=StopConfig(eos_ids=(stop_id,)),
             pad_id=self.tokenizer.pad_token_id,
-            mesh=self.local_mesh,
+            mesh=self.local_mesh if self.multihost else self.mesh,
         )
         worker_cls = multihost.ShardedRolloutWorker if self.multihost else RolloutWorker
         self.worker = worker_cls(
@@ -344,40 +389,11 @@ class Trainer:
             )
         # A fresh model gets exactly the tokenizer's vocabulary, so it can never sample an id
         # the tokenizer cannot decode.
-        overrides = {
-            "remat": cfg.remat,
-            "scan_layers": cfg.scan_layers,
-            "vocab_size": len(self.tokenizer),
-            **dict(cfg.overrides),
-        }
-        model_cfg = preset(cfg.preset, dtype=dtype, **overrides)
+        model_cfg = model_config(self.config, vocab_size=len(self.tokenizer))
         # One compiled initialiser, each parameter created in its layout on the mesh.
         seed = self.config.seed
         return create_sharded_model(
             lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(seed)), self.mesh
-        )
-
-    def _sft_learner(self, total_steps: int) -> Learner:
-        """Adam, linear warmup then cosine decay to ``end_lr_fraction`` over ``total_steps``."""
-        sft = self.config.sft
-        warmup = max(sft.warmup_steps, 1)
-        schedule = optax.warmup_cosine_decay_schedule(
-            0.0,
-            sft.learning_rate,
-            warmup_steps=warmup,
-            decay_steps=max(total_steps, warmup + 1),
-            end_value=sft.learning_rate * sft.end_lr_fraction,
-        )
-        tx = optax.chain(
-            optax.clip_by_global_norm(self.config.rl.max_grad_norm), optax.adam(schedule)
-        )
-        return Learner(
-            self.policy,
-            None,
-            tx,
-            logits_chunk=self.config.model.logits_chunk,
-            microbatch_size=sft.microbatch_size or None,
-            mesh=self.mesh,
         )
 
     # ------------------------------------------------------------------ checkpoints
@@ -416,7 +432,8 @@ class Trainer:
         # optimizer's structure does not depend on the schedule's length.)
         saved = self.checkpointer.read_meta(step)
         if saved["phase"] == "sft":
-            template = {"train": self._sft_learner(total_steps=1).abstract_state(self.policy)}
+            learner = sft_learner(self.config, self.policy, 1, self.mesh)
+            template = {"train": learner.abstract_state(self.policy)}
         else:
             template = {"train": self.learner.abstract_state(self.policy, self.critic)}
             if saved.get("has_ref"):  # written before the reference was saved once
@@ -501,7 +518,7 @@ class Trainer:
                 pad,
             )
             total = dataset.batches_per_epoch * cfg.sft.epochs
-            self.sft_learner = self._sft_learner(total)
+            self.sft_learner = sft_learner(cfg, self.policy, total, self.mesh)
             if self.sft_state is None:
                 self.sft_state = self.sft_learner.init(self.policy)
             iterator = dataset.iterator(self.meta.get("sft_iterator"))
@@ -590,7 +607,7 @@ class Trainer:
 
         t0 = time.perf_counter()
         self._sync_sampler()
-        sampling = SamplingParams(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+        sampling = rl_sampling(cfg)
         trajs = self.worker.run(tasks, rng, sampling=sampling)
         t_rollout = time.perf_counter() - t0
 

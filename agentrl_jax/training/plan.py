@@ -1,0 +1,330 @@
+"""The memory plan of a run, before it runs: every program it executes, compiled ahead of time.
+
+``memory_plan(config)`` builds the run's models abstractly (``nnx.eval_shape``: shapes, dtypes and
+shardings, no parameter is allocated), lowers each device program a run of ``config`` executes
+with abstract inputs (``jax.ShapeDtypeStruct`` with the shardings the run gives them), compiles
+it for the current devices and reads XLA's compiled memory analysis, per device:
+
+- ``sampler_turn``: one rollout turn (prefill of ``prompt_tokens`` new tokens, then decode up to
+  ``rollout.max_new_tokens``) for the rollout batch (a wave of the actor pool, as the trainer
+  plays it) over a KV cache of ``rollout.max_seq_len`` slots, the whole cache in use (an
+  episode's last turns, the largest turn program);
+- ``sft_step`` (runs with SFT demonstrations only): one SFT step at ``sft.batch_size`` rows of
+  ``rollout.max_seq_len`` tokens, with its Adam moments;
+- ``score``: old (and reference) log-probs and values of one iteration's rows;
+- ``rl_update``: ``rl.epochs`` shuffles of minibatches over those rows (policy, critic when the
+  estimator needs one, Adam), the train state donated.
+
+Bytes per device: ``arguments``, ``outputs``, ``temporaries`` (XLA's buffer assignment),
+``aliased`` (outputs written into donated arguments) and ``total = arguments + outputs +
+temporaries - aliased``. ``resident`` is what the run holds outside the program's arguments
+while it runs (e.g. the reference policy during the update, the optimizer moments during a
+rollout), from the state's shapes; ``peak = total + resident`` is the figure to hold against a
+chip. ``analytic`` cross-checks the arguments: parameter bytes (each array's shard on one
+device) and Adam's two moments per trainable parameter.
+
+One iteration's rows are the most it can produce: one per episode (``episode`` contexts) or one
+per step (``step``), ``rollout.max_seq_len`` tokens each, padded to whole minibatches.
+
+The figures are those of the CPU compiler's buffer assignment on fake devices: the program and
+its shardings are the accelerator's, the temporaries an estimate of them (fusion and scheduling
+differ by backend).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from flax import nnx
+
+from agentrl_jax import sharding
+from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
+from agentrl_jax.sampling import Sampler, StopConfig
+from agentrl_jax.training import budget as budget_lib
+from agentrl_jax.training import rl_batch, sft_data
+from agentrl_jax.training.config import RunConfig
+from agentrl_jax.training.trainer import model_config, rl_learner, rl_sampling, sft_learner
+
+GIB = 1 << 30
+PROGRAMS = ("sampler_turn", "sft_step", "score", "rl_update")
+# Prompt tokens a planned turn prefills: a long observation (the prefill's attention is
+# [rows, heads, prompt, slots], so a longer prompt costs proportionally more).
+PROMPT_TOKENS = 512
+# Constrained decoding: choices per turn, and allowed ids per action token in the RL rows.
+NUM_CHOICES = 32
+
+
+def memory_plan(
+    config: RunConfig,
+    *,
+    prompt_tokens: int = PROMPT_TOKENS,
+    num_choices: int = NUM_CHOICES,
+    programs: tuple[str, ...] | None = None,
+) -> dict[str, Any]:
+    """Compiles every program of a run of ``config`` on the current devices; returns the plan.
+
+    The devices are ``math.prod(config.mesh)`` of ``jax.devices()`` (the first ones), laid out
+    as ``config.mesh``; with fake CPU devices (``--xla_force_host_platform_device_count``) this
+    plans any mesh on one machine.
+
+    ``programs`` names the ones to compile (default: all the run executes, ``PROGRAMS``).
+
+    Returns:
+      {"devices", "mesh", "model", "programs": [{"name", "shapes", "compile_s",
+      "per_device_bytes": {"arguments", "outputs", "temporaries", "aliased", "total",
+      "resident", "peak"}, "analytic_bytes": {"params", "optimizer"}}], "largest"}.
+
+    Raises:
+      ValueError: the mesh needs more devices than there are, or an unknown program name.
+    """
+    unknown = sorted(set(programs or ()) - set(PROGRAMS))
+    if unknown:
+        raise ValueError(f"programs {unknown}: expected names from {list(PROGRAMS)}")
+    mesh_shape = tuple(config.mesh)
+    devices = jax.devices()
+    if math.prod(mesh_shape) > len(devices) or -1 in mesh_shape:
+        raise ValueError(
+            f"config.mesh={mesh_shape} needs {abs(math.prod(mesh_shape))} devices; "
+            f"{len(devices)} are visible"
+        )
+    mesh = sharding.make_mesh(mesh_shape, devices[: math.prod(mesh_shape)])
+    model_cfg = model_config(config)
+    policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
+    critic = None
+    if config.needs_critic:
+        critic = nnx.eval_shape(lambda: Qwen2ValueModel(model_cfg, rngs=nnx.Rngs(0)))
+    learner = rl_learner(config, policy, critic, mesh)
+    state = learner.abstract_state(policy, critic)
+    ref = state.policy if config.rl.kl_coef > 0 else None
+    rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
+    build = {
+        "sampler_turn": lambda: _sampler_turn(
+            config, policy, state, ref, mesh, prompt_tokens, num_choices
+        ),
+        "sft_step": lambda: _sft_step(config, policy, mesh, seq),
+        "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices),
+        "rl_update": lambda: _rl_update(config, learner, state, ref, rows, seq, num_choices),
+    }
+    runs = [name for name in PROGRAMS if programs is None or name in programs]
+    if not budget_lib.from_config(config.budget).num_demos:
+        runs = [name for name in runs if name != "sft_step"]  # a run without SFT
+    programs = [build[name]() for name in runs]
+    largest = max(programs, key=lambda p: p["per_device_bytes"]["peak"])
+    return {
+        "devices": mesh.size,
+        "mesh": [int(mesh.shape[a]) for a in sharding.MESH_AXES],
+        "mesh_axes": list(sharding.MESH_AXES),
+        "model": {
+            "source": config.model.checkpoint or config.model.preset,
+            "params": model_cfg.num_params,
+            "layers": model_cfg.num_layers,
+            "vocab": model_cfg.vocab_size,
+            "dtype": config.model.dtype,
+            "remat": bool(config.model.remat),
+        },
+        "programs": programs,
+        "largest": largest["name"],
+    }
+
+
+def iteration_rows(config: RunConfig) -> int:
+    """The most RL rows one iteration makes, padded to whole minibatches (``build_rows``)."""
+    episodes = config.rl.tasks_per_iteration * config.rollout.group_size
+    per_episode = config.rollout.max_turns if config.rollout.context_mode == "step" else 1
+    return rl_batch.round_up(episodes * per_episode, config.rl.minibatch_size)
+
+
+def rollout_batch(config: RunConfig) -> int:
+    """Episodes one sampler turn plays: a wave of the actor pool (``RolloutWorker.run``)."""
+    group, tasks = config.rollout.group_size, config.rl.tasks_per_iteration
+    capacity = config.env.num_workers * config.env.envs_per_worker
+    return min(max(1, capacity // group), tasks) * group
+
+
+# ------------------------------------------------------------------ programs
+
+
+def _sampler_turn(config, policy, state, ref, mesh, prompt_tokens, num_choices):
+    rollout = config.rollout
+    sampler = Sampler(policy, stop=StopConfig(eos_ids=(0,)), mesh=mesh)
+    sampler.set_state(state.policy)  # the trainer's sampler reads the train state's policy
+    batch = rollout_batch(config)
+    cache = sampler.abstract_cache(batch, rollout.max_seq_len)
+    choices = num_choices if rollout.constrain_actions else 0
+    prompt = min(prompt_tokens, cache.size - rollout.max_new_tokens)
+    shapes = {
+        "batch": batch,
+        "cache_slots": cache.size,
+        "prompt_tokens": prompt,
+        "max_new_tokens": rollout.max_new_tokens,
+        "choices": choices,
+    }
+    lowered = lambda: sampler.lower_turn(  # noqa: E731
+        cache, prompt, rollout.max_new_tokens, sampling=rl_sampling(config), num_choices=choices
+    )
+    # Alive beside it: the optimizer moments, the critic and the reference.
+    resident = [state.policy_opt, state.value, state.value_opt, ref]
+    return _program("sampler_turn", shapes, lowered, resident, params=[state.policy])
+
+
+def _sft_step(config, policy, mesh, seq):
+    learner = sft_learner(config, policy, 1, mesh)
+    state = learner.abstract_state(policy)
+    rows = config.sft.batch_size
+    dtypes = {"tokens": jnp.int32, "mask": jnp.float32, "loss_mask": jnp.float32}
+    batch = learner.abstract_batch({k: ((rows, seq), dtypes[k]) for k in sft_data.BATCH_KEYS})
+    shapes = {"rows": rows, "seq": seq, "microbatch": config.sft.microbatch_size or rows}
+    lowered = lambda: learner.sft_step.lower(state, batch)  # noqa: E731
+    return _program("sft_step", shapes, lowered, [], params=[state.policy], trained=True)
+
+
+def _score(config, learner, state, ref, rows, seq, num_choices):
+    batch = learner.abstract_batch(_row_shapes(config, rows, seq, num_choices, scored=False))
+    minibatch = config.rl.minibatch_size
+    shapes = {"rows": rows, "seq": seq, "rows_per_chunk": minibatch}
+    lowered = lambda: learner.score.lower(  # noqa: E731
+        state.policy, ref, state.value, batch, rows_per_chunk=minibatch
+    )
+    resident = [state.policy_opt, state.value_opt]
+    return _program("score", shapes, lowered, resident, params=[state.policy, ref, state.value])
+
+
+def _rl_update(config, learner, state, ref, rows, seq, num_choices):
+    rl = config.rl
+    batch = learner.abstract_batch(_row_shapes(config, rows, seq, num_choices, scored=True))
+    steps = rl.epochs * (rows // rl.minibatch_size)
+    replicated = jax.sharding.NamedSharding(learner.mesh, jax.sharding.PartitionSpec())
+    index = jax.ShapeDtypeStruct((steps, rl.minibatch_size), jnp.int32, sharding=replicated)
+    per_update = {}
+    if learner.envrl is not None:
+        per_update = {"iteration": jax.ShapeDtypeStruct((steps,), jnp.int32, sharding=replicated)}
+        for kind in ("sp", "id"):
+            for name, dtype in (("tokens", jnp.int32), ("mask", jnp.float32)):
+                per_update[f"aux_{kind}_{name}"] = jax.ShapeDtypeStruct(
+                    (steps, rl.minibatch_size, seq), dtype, sharding=replicated
+                )
+            per_update[f"aux_{kind}_target_mask"] = per_update[f"aux_{kind}_mask"]
+    shapes = {
+        "rows": rows,
+        "seq": seq,
+        "minibatch": rl.minibatch_size,
+        "microbatch": rl.microbatch_size or rl.minibatch_size,
+        "steps": steps,
+    }
+    lowered = lambda: learner.rl_update.lower(state, batch, index, per_update)  # noqa: E731
+    return _program(
+        "rl_update",
+        shapes,
+        lowered,
+        [ref],
+        params=[state.policy, state.value],
+        trained=True,
+    )
+
+
+def _row_shapes(config, rows, seq, num_choices, *, scored):
+    """(shape, dtype) of the RL batch's arrays: what ``RLUpdate.batch`` places on the mesh."""
+    per_token = {"tokens": jnp.int32, "mask": jnp.float32}
+    if scored:
+        per_token.update(loss_mask=jnp.float32, step_ids=jnp.int32, old_logprobs=jnp.float32)
+        per_token["advantages"] = jnp.float32
+        if config.rl.kl_coef > 0:
+            per_token["ref_logprobs"] = jnp.float32
+        if config.needs_critic:
+            per_token.update(old_values=jnp.float32, returns=jnp.float32)
+    out = {k: ((rows, seq), dtype) for k, dtype in per_token.items()}
+    if config.rollout.constrain_actions:
+        out["allowed"] = ((rows, seq, num_choices), jnp.int32)
+    return out
+
+
+# ------------------------------------------------------------------ measuring
+
+
+def _program(name, shapes, lowered, resident, *, params, trained=False) -> dict[str, Any]:
+    """Lowers and compiles one program (timed) and reads its memory analysis.
+
+    ``resident``: what the run holds beside the program's arguments; ``params``: the parameter
+    states among its arguments, trained with Adam when ``trained``.
+    """
+    start = time.perf_counter()
+    compiled = lowered().compile()
+    compile_s = time.perf_counter() - start
+    stats = compiled.memory_analysis()
+    b = {
+        "arguments": int(stats.argument_size_in_bytes),
+        "outputs": int(stats.output_size_in_bytes),
+        "temporaries": int(stats.temp_size_in_bytes),
+        "aliased": int(stats.alias_size_in_bytes),
+    }
+    b["total"] = b["arguments"] + b["outputs"] + b["temporaries"] - b["aliased"]
+    b["resident"] = device_bytes(resident)
+    b["peak"] = b["total"] + b["resident"]
+    logging.info(
+        "plan: %s compiled in %.1f s, peak %.2f GiB per device", name, compile_s, b["peak"] / GIB
+    )
+    return {
+        "name": name,
+        "shapes": shapes,
+        "compile_s": round(compile_s, 2),
+        "per_device_bytes": b,
+        "analytic_bytes": {
+            "params": device_bytes(params),
+            # Adam: two float32 moments per trained parameter.
+            "optimizer": 2 * 4 * device_bytes(params, itemsize=1) if trained else 0,
+        },
+    }
+
+
+def device_bytes(tree: Any, itemsize: int | None = None) -> int:
+    """Bytes of one device's shards of an abstract pytree (elements x ``itemsize`` if given)."""
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.shape
+        if getattr(leaf, "sharding", None) is not None:
+            shape = leaf.sharding.shard_shape(leaf.shape)
+        total += math.prod(shape) * (itemsize or np.dtype(leaf.dtype).itemsize)
+    return total
+
+
+def format_table(plan: dict[str, Any]) -> str:
+    """The plan as a markdown table of bytes per device (GiB, or MiB for a small model)."""
+    largest = next(p for p in plan["programs"] if p["name"] == plan["largest"])
+    peak = largest["per_device_bytes"]["peak"]
+    unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", 1 << 20)
+    gib = lambda n: f"{n / scale:.2f}"  # noqa: E731
+    lines = [
+        f"devices: {plan['devices']}, mesh {dict(zip(plan['mesh_axes'], plan['mesh']))}, model "
+        f"{plan['model']['source']} ({plan['model']['params'] / 1e9:.2f}B params, "
+        f"{plan['model']['dtype']}, remat={plan['model']['remat']})",
+        "",
+        "| program | shapes | args | outputs | temps | aliased | total | resident | peak "
+        "| params (analytic) | Adam (analytic) | compile s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in plan["programs"]:
+        b, a = p["per_device_bytes"], p["analytic_bytes"]
+        shapes = ", ".join(f"{k}={v}" for k, v in p["shapes"].items())
+        cells = [b[k] for k in ("arguments", "outputs", "temporaries", "aliased", "total")]
+        cells += [b["resident"], b["peak"], a["params"], a["optimizer"]]
+        lines.append(
+            f"| {p['name']} | {shapes} | "
+            + " | ".join(gib(c) for c in cells)
+            + f" | {p['compile_s']:.1f} |"
+        )
+    lines += [
+        "",
+        f"{unit} per device; total = args + outputs + temps - aliased; peak = total + resident "
+        "(arrays the run holds outside the program's arguments).",
+        f"largest program: {plan['largest']} ({gib(peak)} {unit} per device at its peak)",
+    ]
+    return "\n".join(lines)
+
+
+__all__ = ["memory_plan", "format_table", "iteration_rows", "rollout_batch", "device_bytes"]
