@@ -151,7 +151,7 @@ def test_defaults_have_one_source():
         (dict(envrl=dict(horizon=-1)), r"^config.envrl.horizon is -1; expected an int >= 0"),
         (dict(eval_every=-1), r"^config.eval_every is -1; expected an int >= 0"),
         (dict(watchdog_s=-5.0), r"^config.watchdog_s is -5.0; expected >= 0 seconds \(0: off\)"),
-        (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three positive sizes"),
+        (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three sizes"),
         (
             dict(rollout=dict(max_new_tokens=768)),
             r"^config.rollout: rollout.max_new_tokens=768 leaves no room for a prompt in "

@@ -33,7 +33,7 @@ trainer = types.SimpleNamespace(
     meta={{"phase": "rl", "rl_iteration": 0, "evals": {{}}}},
     num_rl_iterations=lambda: 3,
     rl_iteration=rl_iteration,
-    evaluate=lambda name: {{}},
+    evaluate=lambda name, report=False: {{}},
     save=lambda metrics=None: None,
     writer=types.SimpleNamespace(scalars=lambda m, step: None, flush=lambda: None),
     watchdog=Watchdog(config.watchdog_s),

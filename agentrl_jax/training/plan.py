@@ -49,6 +49,7 @@ from agentrl_jax.sampling import Sampler, StopConfig
 from agentrl_jax.training import budget as budget_lib
 from agentrl_jax.training import rl_batch, sft_data
 from agentrl_jax.training.config import RunConfig
+from agentrl_jax.training.rl_update import score_rows
 from agentrl_jax.training.trainer import model_config, rl_learner, rl_sampling, sft_learner
 
 GIB = 1 << 30
@@ -186,10 +187,10 @@ def _sft_step(config, policy, mesh, seq):
 
 def _score(config, learner, state, ref, rows, seq, num_choices):
     batch = learner.abstract_batch(_row_shapes(config, rows, seq, num_choices, scored=False))
-    minibatch = config.rl.minibatch_size
-    shapes = {"rows": rows, "seq": seq, "rows_per_chunk": minibatch}
+    chunk = score_rows(config)
+    shapes = {"rows": rows, "seq": seq, "rows_per_chunk": chunk}
     lowered = lambda: learner.score.lower(  # noqa: E731
-        state.policy, ref, state.value, batch, rows_per_chunk=minibatch
+        state.policy, ref, state.value, batch, rows_per_chunk=chunk
     )
     resident = [state.policy_opt, state.value_opt]
     return _program("score", shapes, lowered, resident, params=[state.policy, ref, state.value])

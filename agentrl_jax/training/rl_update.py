@@ -95,7 +95,7 @@ class RLUpdate:
             ref_policy if rl.kl_coef > 0 else None,
             state.value,
             batch,
-            rows_per_chunk=rl.minibatch_size,
+            rows_per_chunk=score_rows(cfg),
         )
         batch.update(scored)
         scored = {k: multihost.host_array(v) for k, v in scored.items()}
@@ -174,6 +174,15 @@ class RLUpdate:
             "sp": kernels.build_state_prediction(pairs, max_len=max_len, pad_id=self.pad_id),
             "id": kernels.build_inverse_dynamics(pairs, max_len=max_len, pad_id=self.pad_id),
         }
+
+
+def score_rows(config: RunConfig) -> int:
+    """Rows per chunk of the old / reference / value passes (``Learner.score``).
+
+    A microbatch's when the config sets one (the activation memory a train step is sized for),
+    else a minibatch's.
+    """
+    return config.rl.microbatch_size or config.rl.minibatch_size
 
 
 def aux_minibatch(aux: dict[str, Any], np_rng, size: int, step: float) -> dict[str, np.ndarray]:
