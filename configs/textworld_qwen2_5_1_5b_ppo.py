@@ -6,7 +6,12 @@ Trains on simple and medium games 50/50 and evaluates on hard, as the guide reco
 ``model.checkpoint`` at a local Hugging Face directory (nothing is downloaded):
 
     python -m launch.train --config=configs/textworld_qwen2_5_1_5b_ppo.py --workdir=runs/tw_ppo \
-        --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct --config.mesh='(1,8,1)'
+        --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct --config.mesh='(1,4,2)'
+
+Memory (``launch.plan``, docs/performance.md): the train steps accumulate gradients one row of
+8,192 tokens at a time (``microbatch_size=1``; the update is the whole minibatch's), which puts
+the SFT step, the old/reference/value passes and the RL update within 14 GiB per device on 8
+devices as (1, 4, 2).
 """
 
 import ml_collections
@@ -37,13 +42,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         show_admissible=False,
     )
     c.budget = dict(total=256 * 200 + 10 * 2000, sft_fraction=10 * 2000 / (256 * 200 + 10 * 2000))
-    c.sft.update(epochs=2, batch_size=64, learning_rate=1e-5, warmup_steps=50)
+    c.sft.update(epochs=2, batch_size=64, microbatch_size=1, learning_rate=1e-5, warmup_steps=50)
     c.rl.update(
         algo="gae",
         loss="ppo",
         tasks_per_iteration=256,
         epochs=1,
         minibatch_size=64,
+        microbatch_size=1,
         actor_lr=1e-6,
         critic_lr=1e-5,
         gamma=1.0,

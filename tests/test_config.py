@@ -34,6 +34,10 @@ REPORT_TASKS = {
     "configs/tiny_textworld.py:test": 1,
     "configs/tiny_textworld.py:smoke": 2,
 }
+# The 1.5B config's train steps take one row at a time (its memory plan, docs/performance.md).
+MICROBATCHES = {
+    "configs/textworld_qwen2_5_1_5b_ppo.py": {"rl.microbatch_size": 1, "sft.microbatch_size": 1}
+}
 with open(SNAPSHOT) as _f:
     INTENDED_CHANGES: dict[str, dict[str, object]] = {
         spec: {
@@ -43,6 +47,7 @@ with open(SNAPSHOT) as _f:
             "env.report_levels": [],
             "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
             "watchdog_s": 0.0,
+            **MICROBATCHES.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()
     }
