@@ -16,25 +16,18 @@ import optax
 import pytest
 from flax import nnx
 
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import Qwen2ForCausalLM
 from agentrl_jax.sampling import Sampler, SamplingParams
+from agentrl_jax.sampling.testing import SMALL
 from agentrl_jax.training.learner import Learner
 
-CFG = preset(
-    "tiny",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=16,
-)
+CFG = SMALL
 UNIT = 2.0**-8  # bfloat16's relative rounding step
 
 
 @pytest.fixture(scope="module")
 def models():
+    # The models' own initialisation (the scale a fresh policy starts at).
     f32 = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
     bf16 = Qwen2ForCausalLM(
         CFG.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16), rngs=nnx.Rngs(1)
