@@ -1,8 +1,11 @@
 """The learner benchmark's plumbing, on its quick workload (the `:test` config's shapes)."""
 
+import pytest
+
 from agentrl_jax.benchmarks import learner as bench
 
 
+@pytest.mark.slow  # compiles the update twice over (ours and the reference); plumbing only
 def test_quick_benchmark_times_the_real_update_against_one_program():
     report = bench.run(quick=True)
     (row,) = report.rows

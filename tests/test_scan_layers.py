@@ -196,6 +196,7 @@ def test_orbax_round_trip_on_a_mesh(scanned, tmp_path):
         np.testing.assert_array_equal(var.get_value(), ref.get_value(), err_msg=str(path))
 
 
+@pytest.mark.slow  # the cached forward's equality (test_cached_forward_equals_unrolled) is the core
 def test_sampler_output_equals_unrolled():
     scanned = random_model(Qwen2ForCausalLM, SMALL.replace(scan_layers=True), seed=1)
     unrolled = unroll_layers(scanned)
