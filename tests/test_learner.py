@@ -78,15 +78,17 @@ def _rl_inputs(learner, state, batch, seed=1):
     }
 
 
-def test_rl_step_updates_actor_and_critic_with_finite_metrics():
+def _actor_critic(actor_lr=1e-2, **kwargs):
+    """The tiny policy, a critic from its trunk, and a Learner for both (Adam, critic lr 1e-2)."""
     policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
     critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
-    learner = Learner(
-        policy,
-        critic,
-        optax.adam(1e-3),
-        optax.adam(1e-2),
-        weights=LossWeights(value=0.5, kl=0.1, entropy=0.01),
+    learner = Learner(policy, critic, optax.adam(actor_lr), optax.adam(1e-2), **kwargs)
+    return policy, critic, learner
+
+
+def test_rl_step_updates_actor_and_critic_with_finite_metrics():
+    policy, critic, learner = _actor_critic(
+        1e-3, weights=LossWeights(value=0.5, kl=0.1, entropy=0.01)
     )
     state = learner.init(policy, critic)
     before_pol = jax.tree.map(np.asarray, state.policy)
@@ -200,9 +202,7 @@ def test_sharded_train_step_matches_one_device():
 def test_abstract_state_is_the_layout_init_makes():
     from agentrl_jax.sharding import make_mesh
 
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
-    learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), mesh=make_mesh((2, 2, 2)))
+    policy, critic, learner = _actor_critic(mesh=make_mesh((2, 2, 2)))
     abstract = learner.abstract_state(policy, critic)
     state = learner.init(policy, critic)
     assert jax.tree.structure(abstract) == jax.tree.structure(state)
@@ -213,15 +213,7 @@ def test_abstract_state_is_the_layout_init_makes():
 
 def test_rl_update_equals_one_rl_step_per_minibatch():
     """The scanned update (minibatches gathered on device) = rl_step on host-sliced minibatches."""
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
-    learner = Learner(
-        policy,
-        critic,
-        optax.adam(1e-2),
-        optax.adam(1e-2),
-        weights=LossWeights(value=0.5, kl=0.1, entropy=0.01),
-    )
+    policy, critic, learner = _actor_critic(weights=LossWeights(value=0.5, kl=0.1, entropy=0.01))
     batch = _rl_inputs(learner, learner.init(policy, critic), _batch(rows=8))
     plan = np.stack([np.random.default_rng(s).permutation(8)[:4] for s in range(3)])
     host = jax.tree.map(np.asarray, batch)
@@ -248,10 +240,8 @@ def test_rl_update_equals_one_rl_step_per_minibatch():
 
 
 def test_score_equals_the_separate_passes_in_chunks():
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    policy, critic, learner = _actor_critic(temperature=0.7)
     ref = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(2))
-    learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), temperature=0.7)
     state = learner.init(policy, critic)
     ref_state = nnx.state(ref, nnx.Param)
     batch = _batch(rows=8)

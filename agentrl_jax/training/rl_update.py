@@ -137,12 +137,13 @@ class RLUpdate:
         size = rl.minibatch_size
         num_rows = batch["tokens"].shape[0]
         num_updates = rl.epochs * (num_rows // size)
-        first = int(state.step)  # RL updates so far
+        envrl = self.learner.envrl is not None
+        first = int(state.step) if envrl else 0  # RL updates so far (ENVRL's schedule)
         plan, per_update = [], []
         for _ in range(rl.epochs):
             order = np_rng.permutation(num_rows)
             for i in range(0, num_rows - size + 1, size):
-                if self.learner.envrl is not None:
+                if envrl:
                     step = envrl_data.schedule_step(
                         self.config.envrl.horizon, iteration, first, len(plan), num_updates
                     )
@@ -162,18 +163,6 @@ class RLUpdate:
         out["train/skipped_nonfinite"] = float(np.sum(metrics["train/skipped_nonfinite"]))
         out["train/updates"] = float(len(plan))
         return state, out
-
-    def envrl_examples(self, trajs: list[Trajectory], max_len: int) -> dict[str, Any]:
-        """ENVRL state-prediction and inverse-dynamics examples of this iteration's episodes.
-
-        States are the observation ids each step's action was taken from, actions the sampled ids
-        (both exactly as the model read and wrote them).
-        """
-        pairs = [([s.prompt_ids for s in t.steps], [s.action_ids for s in t.steps]) for t in trajs]
-        return {
-            "sp": kernels.build_state_prediction(pairs, max_len=max_len, pad_id=self.pad_id),
-            "id": kernels.build_inverse_dynamics(pairs, max_len=max_len, pad_id=self.pad_id),
-        }
 
 
 def score_rows(config: RunConfig) -> int:
