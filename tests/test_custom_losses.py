@@ -2,6 +2,7 @@
 (docs/examples/custom_rl.py), checked by hand and then trained with through the CLI alone."""
 
 import json
+import logging
 import math
 import os
 import sys
@@ -9,9 +10,15 @@ import sys
 import numpy as np
 import pytest
 import train_cli
+from flax import nnx
 
 from agentrl_jax import kernels
+from agentrl_jax.benchmarks.learner import synthetic_episodes
+from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.training.config import from_config_dict, load_config_file
+from agentrl_jax.training.rl_update import RLUpdate
 from agentrl_jax.training.tensorboard import read_scalars
+from agentrl_jax.training.trainer import rl_learner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "docs", "examples")
@@ -72,6 +79,37 @@ def test_truncated_is_pg_by_hand(custom_rl):
     np.testing.assert_allclose(np.asarray(grad(logp)), [[-0.5, 2.0, 0.0]], atol=1e-6)
 
 
+def test_an_rl_update_runs_the_plugin_estimator_and_loss(custom_rl, caplog):
+    """The config names the plugin module and both names; one RL update (the trainer's RLUpdate on
+    the :test config's shapes) calls the estimator and logs the loss's own metric."""
+    del custom_rl  # on sys.path; from_config_dict imports it as config.plugins says
+    cd = load_config_file(os.path.join(REPO, "configs", "tiny_textworld.py") + ":test")
+    cd.plugins = ("custom_rl",)
+    cd.rl.algo, cd.rl.loss = NAMES
+    config = from_config_dict(cd)
+    cfg = preset(
+        config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
+    )
+    assert not config.needs_critic  # registered with needs_values=False
+    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    learner = rl_learner(config, policy, None)
+    update = RLUpdate(config, learner, pad_id=0)
+    trajs = synthetic_episodes(2, config.rollout.group_size, cfg.vocab_size, 3)
+    with caplog.at_level(logging.INFO):
+        _, metrics = update(
+            learner.init(policy, None),
+            nnx.state(policy, nnx.Param),
+            trajs,
+            np.random.default_rng(0),
+            0,
+        )
+    assert "batch_mean_baseline: advantages for" in caplog.text
+    for tag in ("losses/truncated_frac", "losses/policy_loss", "losses/total", "train/grad_norm"):
+        assert math.isfinite(metrics[tag]), (tag, metrics[tag])
+    assert metrics["train/updates"] > 0
+
+
+@pytest.mark.slow  # ~70 s: a whole run; the update above runs the same plugins in-process
 def test_cli_trains_with_the_plugin_estimator_and_loss(textworld_games, tmp_path):
     """The README's command on the :test config: plugins, algo and loss from flags alone."""
     workdir = tmp_path / "custom"

@@ -7,7 +7,7 @@ selects them (docs/custom_losses.md)::
         --workdir=runs/custom --config.plugins="('custom_rl',)" \
         --config.rl.algo=batch_mean_baseline --config.rl.loss=truncated_is_pg
 
-``tests/test_custom_losses.py`` runs exactly this command on the ``:test`` config.
+``tests/test_custom_losses.py`` runs exactly this command on the ``:test`` config (``-m slow``).
 """
 
 import jax
