@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 from typing import Any
 
 import jax
@@ -82,6 +84,7 @@ class Checkpointer:
             self.directory, options=options, item_names=("state", "meta")
         )
         self._writing: int | None = None  # the step an asynchronous write is under way for
+        self._threads_before_write: set[threading.Thread] = set()
 
     def step_path(self, step: int) -> str:
         """The directory checkpoint ``step`` is (or would be) written to."""
@@ -110,6 +113,7 @@ class Checkpointer:
         metrics[self.best_metric] = value
         self.wait()  # A failed asynchronous write surfaces here, before the next one starts.
         self._writing = step
+        self._threads_before_write = set(threading.enumerate())
         try:
             self._manager.save(
                 step,
@@ -120,6 +124,7 @@ class Checkpointer:
             )
         except Exception as e:  # Whatever the writer raised: the run cannot go on without it.
             self._writing = None
+            self._join_writers()
             raise self._failed(step, e) from e
 
     def latest_step(self) -> int | None:
@@ -210,7 +215,17 @@ class Checkpointer:
         try:
             self._manager.wait_until_finished()
         except Exception as e:  # Whatever the background writer raised.
+            self._join_writers()
             raise self._failed(step if step is not None else -1, e) from e
+
+    def _join_writers(self, timeout_s: float = 120.0) -> None:
+        """Waits for the failed write's other background threads: orbax reports the first item
+        that failed while the others may still be writing into the step's temporary directory,
+        which the next attempt at that step deletes."""
+        deadline = time.monotonic() + timeout_s
+        for thread in set(threading.enumerate()) - self._threads_before_write:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
         """Waits for the write under way, then releases orbax's threads (even if it failed)."""
