@@ -224,8 +224,12 @@ class Checkpointer:
         which the next attempt at that step deletes."""
         deadline = time.monotonic() + timeout_s
         for thread in set(threading.enumerate()) - self._threads_before_write:
-            if thread is not threading.current_thread():
+            if thread is threading.current_thread():
+                continue
+            try:
                 thread.join(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - orbax's threads re-raise their own failure from
+                pass  # join(); the first one is what the caller reports.
 
     def close(self) -> None:
         """Waits for the write under way, then releases orbax's threads (even if it failed)."""
