@@ -24,6 +24,8 @@ Typical use::
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import inspect
 import logging
 import math
@@ -32,6 +34,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
@@ -165,12 +168,44 @@ def constrain(x: jax.Array, logical_axes: Sequence[str | None]) -> jax.Array:
 
     Outside a mesh context this is the identity, so model code can call it unconditionally;
     inside one it guides XLA's partitioner (batch over (data, fsdp), heads and MLP width over
-    tp) instead of leaving it to infer activation layouts from the weights'.
+    tp) instead of leaving it to infer activation layouts from the weights'. The sampler and the
+    Learner trace their programs under their mesh (``MeshJit``).
     """
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return x
     return jax.lax.with_sharding_constraint(x, logical_to_spec(logical_axes, x.shape, mesh))
+
+
+def mesh_context(mesh: Mesh | None) -> contextlib.AbstractContextManager:
+    """``jax.set_mesh(mesh)``, or a context that does nothing for ``mesh=None``."""
+    return contextlib.nullcontext() if mesh is None else jax.set_mesh(mesh)
+
+
+class MeshJit:
+    """``jax.jit(fn, **jit_kwargs)``, traced, lowered and called under ``jax.set_mesh(mesh)``.
+
+    The model's activation constraints (``constrain``) act only when a program is traced under a
+    mesh; tracing a jitted step without one leaves them out, and XLA then picks the activations'
+    layouts from the weights' alone (e.g. an FSDP-split hidden width instead of the batch split).
+    Calls and ``lower`` enter the mesh; everything else (``_cache_size``, ``trace``...) is the
+    jitted function's. ``mesh=None``: a plain ``jax.jit``.
+    """
+
+    def __init__(self, fn: Callable[..., Any], mesh: Mesh | None, **jit_kwargs: Any):
+        self.mesh = mesh
+        self.jitted = jax.jit(fn, **jit_kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with mesh_context(self.mesh):
+            return self.jitted(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> jax.stages.Lowered:
+        with mesh_context(self.mesh):
+            return self.jitted.lower(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.jitted, name)
 
 
 def _is_variable(x: Any) -> bool:
@@ -201,6 +236,41 @@ def state_shardings(state: Any, mesh: Mesh) -> Any:
     return jax.tree.map(
         lambda s: NamedSharding(mesh, s), specs, is_leaf=lambda x: isinstance(x, PartitionSpec)
     )
+
+
+def leaf_shardings(state: Any, mesh: Mesh) -> Any:
+    """``state_shardings`` in the state's own tree: one NamedSharding per array leaf.
+
+    The shape ``jit(out_shardings=...)``, ``device_put`` and ``jax.tree.map`` alongside the state
+    (or any copy of its parameters, e.g. inside an optimizer state) expect.
+    """
+    return jax.tree.unflatten(
+        jax.tree.structure(state), jax.tree.leaves(state_shardings(state, mesh))
+    )
+
+
+def _cast_or_copy(x: jax.Array, dtype: Any) -> jax.Array:
+    if dtype is not None and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+        return x.astype(dtype)
+    # A copy, not ``x`` itself: jit forwards an output that is an input, and the caller may
+    # delete this one while the input lives on.
+    return jnp.copy(x)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _cast_copy(tree: Any, dtype: Any) -> Any:
+    return jax.tree.map(lambda x: _cast_or_copy(x, dtype), tree)
+
+
+def cast_copy(tree: Any, dtype: Any = None) -> Any:
+    """A copy of a pytree of arrays in new buffers, its floating arrays in ``dtype``.
+
+    Each array keeps its layout (an elementwise program: the output's sharding is the input's);
+    integer arrays and ``dtype=None`` are copied as they are. The copy shares no buffer with
+    ``tree``, so it can be deleted (``jax.Array.delete``) while ``tree`` is in use. Compiled once
+    per tree structure, layout and dtype.
+    """
+    return _cast_copy(tree, None if dtype is None else np.dtype(dtype))
 
 
 def create_sharded_model(ctor: Callable[[], M], mesh: Mesh | None = None) -> M:

@@ -8,7 +8,8 @@ program a run of the config executes (sampler turn, SFT step, scoring, RL update
 inputs, no parameter allocated; prints a table of XLA's per-device memory analysis and the
 largest program, and writes the JSON (``agentrl_jax.training.plan``). The model is the
 checkpoint's config.json when ``--config.model.checkpoint`` is given (no weights are read), else
-``config.model.preset``.
+``config.model.preset``. ``--local_devices=L`` plans a multi-host layout of hosts with L devices
+each: the learner's programs on the whole mesh, the sampler's turn on one host's copy.
 """
 
 import os
@@ -27,6 +28,7 @@ def _fake_devices(argv: list[str]) -> None:
 _fake_devices(sys.argv)
 
 import json  # noqa: E402
+import math  # noqa: E402
 
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
@@ -42,6 +44,11 @@ _PROGRAMS = flags.DEFINE_list(
 )
 _PROMPT = flags.DEFINE_integer(
     "prompt_tokens", 512, "Prompt tokens the planned sampler turn prefills."
+)
+_LOCAL = flags.DEFINE_integer(
+    "local_devices",
+    None,
+    "Plan a multi-host run: hosts of this many devices (the sampler runs on one host's).",
 )
 
 
@@ -63,7 +70,13 @@ def main(argv):
     unknown = sorted(set(programs or ()) - set(plan.PROGRAMS))
     if unknown:
         cli.fail(f"--programs: {unknown} unknown; expected names from {list(plan.PROGRAMS)}")
-    result = plan.memory_plan(config, prompt_tokens=_PROMPT.value, programs=programs)
+    local = _LOCAL.value
+    size = math.prod(config.mesh)
+    if local is not None and (local < 1 or size % local):
+        cli.fail(f"--local_devices={local}: expected a divisor of the mesh's {size} devices")
+    result = plan.memory_plan(
+        config, prompt_tokens=_PROMPT.value, programs=programs, local_devices=local
+    )
     print(plan.format_table(result))
     if _OUT.value:
         with open(_OUT.value, "w") as f:

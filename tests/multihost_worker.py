@@ -4,8 +4,8 @@
 
 Modes:
   exchange: episode-sized payloads of a new length every "iteration" all-gathered, and the
-    policy's local replica refreshed, as the trainer does; prints the XLA compilations of each
-    iteration as ``compiles <it> <n>``.
+    policy's local bf16 copy (split over the process's devices) refreshed, as the trainer does;
+    prints the XLA compilations of each iteration as ``compiles <it> <n>``.
   agree: the trainer's agreement check, passed once, then failed on a process that differs in
     config, code, tasks and tokenizer; prints ``agreed`` then the error (exit status 3).
 """
@@ -47,18 +47,32 @@ class CompileCounter:
 
 
 def exchange() -> None:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models.testing import TEST_CONFIG, random_model
+
     mesh = sharding.make_mesh((jax.device_count(), 1, 1))
-    local = multihost.local_mesh()
-    params = jax.device_put(
-        {"w": np.arange(jax.device_count() * 6, dtype=np.float32).reshape(-1, 6)},
-        sharding.named_sharding(mesh, ("batch", None), (jax.device_count(), 6)),
-    )
+    cfg = TEST_CONFIG.replace(num_layers=1)
+    local = multihost.local_mesh(cfg)
+    assert dict(local.shape) == {"data": 1, "fsdp": 1, "tp": jax.local_device_count()}, local
+    params = nnx.state(random_model(Qwen2ForCausalLM, cfg, mesh=mesh), nnx.Param)
     rng = np.random.default_rng(jax.process_index())
+    copy = None
     for it in range(6):
         with CompileCounter() as counter:
-            replica = multihost.local_replica(params, mesh, local)
-            whole = multihost.host_array(params["w"])
-            np.testing.assert_array_equal(np.asarray(replica["w"]), whole)
+            # As the trainer does: the old copy goes before the new one is made.
+            if copy is not None:
+                jax.tree.map(lambda x: x.delete(), copy)
+            copy = multihost.local_copy(params, local, jnp.bfloat16)
+            for got, want in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
+                assert got.dtype == jnp.bfloat16 and got.sharding.mesh == local, got.sharding
+                whole = multihost.host_array(want).astype(jnp.bfloat16)
+                np.testing.assert_array_equal(np.asarray(got), whole)
+            mlp = copy["trunk"]["layers"][0]["mlp"]["gate_weight_df"][...]
+            tp = local.shape["tp"]  # split over the process's devices, not replicated
+            assert mlp.sharding.shard_shape(mlp.shape) == (64, 96 // tp), mlp.sharding
             # Episodes of a new size every iteration (a pickled list of token-id arrays of about
             # 5.6-7.3 kB: new lengths, one power-of-two bucket).
             episodes = [rng.integers(0, 300, size=int(n)) for n in rng.integers(80, 100, size=8)]

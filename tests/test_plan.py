@@ -6,6 +6,8 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from train_cli import REPO
 
@@ -42,6 +44,31 @@ def test_tiny_plan_has_every_program_with_bytes_beside_the_analytic_state():
     assert update["per_device_bytes"]["aliased"] >= analytic["params"] + analytic["optimizer"]
     assert result["largest"] in names
     assert "largest program:" in plan.format_table(result)
+    # The sampler reads the train state's float32 parameters (CPU: float32 compute, no copy).
+    sampler = result["sampler"]
+    assert sampler["mesh"] == [1, 2, 2] and sampler["dtype"] == "float32" and not sampler["owned"]
+    turn = result["programs"][names.index("sampler_turn")]
+    assert sampler["params_bytes"] == turn["analytic_bytes"]["params"] == analytic["params"]
+    assert "sampler: mesh" in plan.format_table(result)
+
+
+@pytest.mark.slow
+def test_multi_host_plan_runs_the_sampler_on_one_hosts_copy():
+    cd = load_config_file("configs/tiny_textworld.py")
+    cd.mesh, cd.model.dtype = (2, 4, 1), "bfloat16"
+    config = from_config_dict(cd, num_devices=8)
+    one = plan.memory_plan(config, programs=("sampler_turn",))
+    hosts = plan.memory_plan(config, programs=("sampler_turn",), local_devices=4)
+    assert one["sampler"]["owned"] and one["sampler"]["mesh"] == [2, 4, 1]
+    assert hosts["sampler"]["mesh"] == [2, 1, 2] and hosts["sampler"]["dtype"] == "bfloat16"
+    # bf16 and split over tp = 2: under a quarter of the float32 replica it replaced.
+    assert 4 * hosts["sampler"]["params_bytes"] <= hosts["sampler"]["f32_replica_bytes"]
+    turn = hosts["programs"][0]
+    assert turn["analytic_bytes"]["params"] == hosts["sampler"]["params_bytes"]
+    # The train state's float32 policy stays alive beside the sampler's copy.
+    assert turn["per_device_bytes"]["resident"] >= one["programs"][0]["analytic_bytes"]["params"]
+    with pytest.raises(ValueError, match=r"local_devices=3: expected a divisor of the mesh's 8"):
+        plan.memory_plan(config, programs=("sampler_turn",), local_devices=3)
 
 
 def test_device_bytes_counts_one_shard():
@@ -87,3 +114,39 @@ def test_cli_bad_config_key_or_mesh_is_one_line_and_exit_2():
     assert lines[0].startswith(
         "config error: config.mesh=(1, 1, 1) needs 1 devices; this run has 2"
     )
+
+
+def _abstract_policy(config):
+    from flax import nnx
+
+    from agentrl_jax import sharding
+    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.training.trainer import model_config, rl_learner
+
+    model_cfg = model_config(config)
+    policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(config.mesh))])
+    state = rl_learner(config, policy, None, mesh).abstract_state(policy)
+    return model_cfg, state.policy, mesh
+
+
+def test_sampler_copy_is_planned_in_the_compute_dtype_on_the_hosts_mesh():
+    # One host, float32 compute: the sampler reads the train state's own arrays.
+    config = _config("configs/tiny_textworld.py:test", 8, mesh=(2, 4, 1))
+    model_cfg, policy, mesh = _abstract_policy(config)
+    sampler_mesh, params, owned = plan.sampler_copy(model_cfg, policy, mesh)
+    assert sampler_mesh is mesh and params is policy and not owned
+    # One host, bf16 compute over float32 parameters: a bf16 copy in the train state's layout.
+    # (The tiny config's model: 4 query and 2 kv heads; the :test one has a single kv head.)
+    cd = load_config_file("configs/tiny_textworld.py")
+    cd.mesh, cd.model.dtype = (2, 4, 1), "bfloat16"
+    model_cfg, policy, mesh = _abstract_policy(from_config_dict(cd, num_devices=8))
+    sampler_mesh, params, owned = plan.sampler_copy(model_cfg, policy, mesh)
+    assert owned and plan.device_bytes(params) * 2 == plan.device_bytes(policy)
+    # Hosts of 4 devices: each one's copy is split over tp (the tiny model's 2 kv heads: 2).
+    sampler_mesh, params, owned = plan.sampler_copy(model_cfg, policy, mesh, local_devices=4)
+    assert dict(sampler_mesh.shape) == {"data": 2, "fsdp": 1, "tp": 2} and owned
+    replica = 2 * model_cfg.num_params  # the whole policy in bf16 on every device
+    assert replica / 2 <= plan.device_bytes(params) < 0.6 * replica  # split over tp = 2
+    layer = params["trunk"]["layers"][0]["mlp"]["up_weight_df"].get_value()
+    assert layer.dtype == jnp.bfloat16 and layer.sharding.shard_shape(layer.shape) == (128, 192)

@@ -5,7 +5,6 @@ See ``agentrl_jax.sampling`` for the API overview and ``loop.run_turn`` for what
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Sequence
 
@@ -134,10 +133,29 @@ class Sampler:
         self.share_prefixes = share_prefixes
         self.prefilled_rows = 0
         self._jitted: dict[tuple, object] = {}
+        self._owned = False  # the weights are the caller's (see set_state)
 
-    def set_state(self, state: nnx.State) -> None:
-        """Swaps in new weights (same structure and shapes: no recompilation)."""
+    def set_state(self, state: nnx.State, *, owned: bool = False) -> None:
+        """Swaps in new weights (same structure, shapes and dtypes: no recompilation).
+
+        ``owned``: the state is the sampler's own copy (e.g. ``multihost.local_copy``), which
+        nothing else refers to, so ``release`` may delete its arrays; by default the arrays are
+        someone else's (the train state's) and are only dropped.
+        """
         self.state = state
+        self._owned = owned
+
+    def release(self) -> None:
+        """Lets go of the weights before new ones are built: deletes an owned copy's arrays
+        (their device memory is free when this returns), drops a borrowed one.
+
+        The sampler has no weights until the next ``set_state``.
+        """
+        if self._owned and self.state is not None:
+            for x in jax.tree.leaves(self.state):
+                x.delete()
+        self.state = None
+        self._owned = False
 
     def start(self, batch: int, cache_size: int) -> KVCache:
         """An empty cache for ``batch`` episodes of up to ``cache_size`` tokens each.
@@ -202,7 +220,7 @@ class Sampler:
         rows = lambda *shape: jax.ShapeDtypeStruct((b, *shape), jnp.int32)  # noqa: E731
         fn = self._turn_fn(sampling or self.sampling, width, slots or cache.size, False)
         rng = jax.eval_shape(lambda: jax.random.key(0))
-        with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
+        with sharding.mesh_context(self.mesh):
             return fn.lower(self.state, cache, rows(chunk), rows(), rows(), rng, choices, None)
 
     def grow(self, cache: KVCache, cache_size: int) -> KVCache:
@@ -264,7 +282,7 @@ class Sampler:
         prefilled = range(cache.batch) if share is None else set(share[0].tolist())
         self.prefilled_rows += sum(1 for b in prefilled if num_new_b[b] > 0)
         fn = self._turn_fn(sampling, width, slots, share is not None)
-        with contextlib.nullcontext() if self.mesh is None else jax.set_mesh(self.mesh):
+        with sharding.mesh_context(self.mesh):
             out, cache = fn(
                 self.state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl, share
             )

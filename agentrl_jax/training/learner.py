@@ -169,13 +169,16 @@ class Learner:
         if mesh is not None:
             self.state_shardings = self._shardings(self.abstract_state(policy, value_model))
         out = {} if mesh is None else {"out_shardings": (self.state_shardings, None)}
+        # Traced and called under the mesh, so the model's activation constraints (batch over
+        # (data, fsdp), heads and MLP width over tp) are part of every step's program.
+        jit = functools.partial(sharding.MeshJit, mesh=mesh)
         # Donating the state lets XLA write the new parameters and moments into the old buffers.
-        self.sft_step = jax.jit(self._sft_step, donate_argnums=0, **out)
-        self.rl_step = jax.jit(self._rl_step, donate_argnums=0, **out)
-        self.rl_update = jax.jit(self._rl_update, donate_argnums=0, **out)
-        self.policy_logprobs = jax.jit(self._policy_logprobs)
-        self.score = jax.jit(self._score, static_argnames="rows_per_chunk")
-        self.values = jax.jit(self._values)
+        self.sft_step = jit(self._sft_step, donate_argnums=0, **out)
+        self.rl_step = jit(self._rl_step, donate_argnums=0, **out)
+        self.rl_update = jit(self._rl_update, donate_argnums=0, **out)
+        self.policy_logprobs = jit(self._policy_logprobs)
+        self.score = jit(self._score, static_argnames="rows_per_chunk")
+        self.values = jit(self._values)
 
     # ---------------------------------------------------------------- state
 
@@ -225,10 +228,7 @@ class Learner:
                 return None, None
             # One sharding per parameter, in the parameters' own tree (Variables and all), so
             # optax can pair it with each copy of the parameters in the optimizer state.
-            shardings = jax.tree.unflatten(
-                jax.tree.structure(params),
-                jax.tree.leaves(sharding.state_shardings(params, self.mesh)),
-            )
+            shardings = sharding.leaf_shardings(params, self.mesh)
             moments = optax.tree_map_params(
                 tx, lambda _, s: s, opt, shardings, transform_non_params=lambda _: replicated
             )

@@ -6,8 +6,9 @@ What each process of an N-process run does (docs/architecture.md, "Multi-host"):
   evaluation) are cut into *waves*, the batches of episodes one actor pool plays at once
   (``RolloutWorker.wave_size``). Process p plays a contiguous block of whole waves
   (``process_slice``) with its own actor pool and a process-local copy of the policy
-  (``local_replica``), keyed and grouped by the waves' global positions, so each wave plays
-  exactly as it would inside a single process.
+  (``local_copy``: in the compute dtype, split over the process's devices), keyed and grouped
+  by the waves' global positions, so each wave plays exactly as it would inside a single
+  process.
 - **Assembly.** The episodes are all-gathered on the host (``allgather_objects``: token ids and
   rewards, small next to the rollout's cost), so every process holds the iteration's full episode
   list in the single-process order and runs the single-process host code on it: rows, length
@@ -23,7 +24,6 @@ What each process of an N-process run does (docs/architecture.md, "Multi-host"):
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import importlib
 import pathlib
@@ -33,9 +33,10 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from agentrl_jax import sharding
+from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.training.rollout import RolloutWorker
 from agentrl_jax.training.trajectory import Trajectory
 
@@ -142,37 +143,85 @@ def host_array(x: jax.Array) -> np.ndarray:
     return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
-def local_mesh() -> Mesh:
-    """A (data, 1, 1) mesh over this process's devices: where its sampler runs."""
-    return sharding.make_mesh((-1, 1, 1), jax.local_devices())
+def sampler_mesh_shape(cfg: ModelConfig, num_devices: int) -> tuple[int, int, int]:
+    """The (data, fsdp, tp) shape of a sampler on ``num_devices`` of one host: ``(d, 1, tp)``.
 
-
-@functools.cache
-def _replicator(mesh: Mesh) -> Callable[[Any], Any]:
-    """The identity, jitted once per mesh, with replicated outputs: a new jit (of a new lambda)
-    per call would trace and compile the all-gather again at every refresh."""
-    return jax.jit(lambda tree: tree, out_shardings=NamedSharding(mesh, PartitionSpec()))
-
-
-def local_replica(tree: Any, mesh: Mesh, local: Mesh) -> Any:
-    """A copy of a global pytree (e.g. the policy's parameters) replicated on ``local``'s devices.
-
-    Each array is first replicated over the global ``mesh`` (a collective: XLA all-gathers the
-    other hosts' shards), then this process's copies become one array on its local mesh. The
-    sampler runs on that copy without any cross-host communication, so each process can play
-    its own waves at its own pace.
+    ``tp`` is the most devices that divide ``num_devices`` and both head counts (query and kv),
+    so attention, the MLP width, the vocabulary and the KV cache's heads are all split, not
+    replicated; the devices left over take rows (``data``). No ``fsdp``: a decode step would
+    all-gather every weight it reads.
     """
-    full = _replicator(mesh)(tree)
-    local_sharding = NamedSharding(local, PartitionSpec())
+    tp = max(
+        t
+        for t in range(1, num_devices + 1)
+        if num_devices % t == 0 and cfg.num_heads % t == 0 and cfg.num_kv_heads % t == 0
+    )
+    return (num_devices // tp, 1, tp)
+
+
+def process_devices(process_index: int) -> list[Any]:
+    """A process's devices, in the global device order (every process sees the same list)."""
+    return [d for d in jax.devices() if d.process_index == process_index]
+
+
+def local_mesh(cfg: ModelConfig, process_index: int | None = None) -> Mesh:
+    """Where a process's sampler runs: its own devices, shaped by ``sampler_mesh_shape``."""
+    index = jax.process_index() if process_index is None else process_index
+    devices = process_devices(index)
+    return sharding.make_mesh(sampler_mesh_shape(cfg, len(devices)), devices)
+
+
+def _stacked_mesh(local: Mesh) -> Mesh:
+    """Every process's local mesh (the same shape as ``local``), stacked along ``data``.
+
+    The same on every process: process p's devices are rows ``[p * d, (p + 1) * d)``, laid out
+    as its own local mesh, so a parameter laid out by the rules on this mesh (parameters are
+    never split over ``data``) has on each process's devices exactly its layout on that
+    process's local mesh.
+    """
+    shape = tuple(int(local.shape[a]) for a in sharding.MESH_AXES)
+    blocks = []
+    for p in range(jax.process_count()):
+        devices = process_devices(p)
+        if len(devices) != local.size:
+            raise ValueError(
+                f"process {p} has {len(devices)} devices; the local mesh {dict(local.shape)} "
+                f"needs {local.size} on every process"
+            )
+        blocks.append(sharding.make_mesh(shape, devices).devices)
+    return Mesh(np.concatenate(blocks, axis=0), sharding.MESH_AXES, axis_types=local.axis_types)
+
+
+def local_copy(tree: Any, local: Mesh, dtype: Any = None) -> Any:
+    """This process's copy of a global parameter state (e.g. the policy's), on ``local``.
+
+    The arrays are cast to ``dtype`` (the sampler's compute dtype: bf16 on accelerators; None
+    keeps them) and laid out on ``local`` by the logical-axis rules: split over its ``tp`` axis,
+    not replicated, so a process holds one copy spread over its devices. One collective moves
+    them there (every process calls this): each array is cast in its own layout, resharded to
+    every process's local layout at once (``_stacked_mesh``), and this process's shards become
+    one array on ``local``. The sampler runs on that copy without any cross-host communication,
+    so each process plays its own waves at its own pace. The copy shares no buffer with
+    ``tree``: it can be deleted while the train state lives on.
+
+    Args:
+      tree: an ``nnx.State`` of parameters (Variables carrying ``logical_axes``) on any mesh.
+      local: this process's mesh (``local_mesh``).
+      dtype: the copy's floating dtype, or None.
+    """
+    fresh = sharding.cast_copy(tree, dtype)
+    placed = jax.device_put(fresh, sharding.leaf_shardings(fresh, _stacked_mesh(local)))
+    del fresh  # its buffers go as soon as the reshard has read them
     by_device = {d: i for i, d in enumerate(local.devices.flat)}
 
-    def to_local(x: jax.Array) -> jax.Array:
-        shards = sorted(x.addressable_shards, key=lambda s: by_device[s.device])
-        return jax.make_array_from_single_device_arrays(
-            x.shape, local_sharding, [s.data for s in shards]
+    def to_local(x: jax.Array, target: NamedSharding) -> jax.Array:
+        shards = sorted(
+            (s for s in x.addressable_shards if s.device in by_device),
+            key=lambda s: by_device[s.device],
         )
+        return jax.make_array_from_single_device_arrays(x.shape, target, [s.data for s in shards])
 
-    return jax.tree.map(to_local, full)
+    return jax.tree.map(to_local, placed, sharding.leaf_shardings(placed, local))
 
 
 # ---------------------------------------------------------------- agreement
@@ -315,10 +364,12 @@ __all__ = [
     "disagreements",
     "host_array",
     "is_primary",
+    "local_copy",
     "local_mesh",
-    "local_replica",
     "payload_bucket",
+    "process_devices",
     "process_rows",
     "process_slice",
+    "sampler_mesh_shape",
     "task_fingerprint",
 ]

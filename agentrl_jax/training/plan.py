@@ -8,7 +8,8 @@ it for the current devices and reads XLA's compiled memory analysis, per device:
 - ``sampler_turn``: one rollout turn (prefill of ``prompt_tokens`` new tokens, then decode up to
   ``rollout.max_new_tokens``) for the rollout batch (a wave of the actor pool, as the trainer
   plays it) over a KV cache of ``rollout.max_seq_len`` slots, the whole cache in use (an
-  episode's last turns, the largest turn program);
+  episode's last turns, the largest turn program), on the sampler's copy of the policy
+  (``sampler_copy``: the run's mesh, or with ``local_devices`` one host's mesh);
 - ``sft_step`` (runs with SFT demonstrations only): one SFT step at ``sft.batch_size`` rows of
   ``rollout.max_seq_len`` tokens, with its Adam moments;
 - ``score``: old (and reference) log-probs and values of one iteration's rows;
@@ -47,10 +48,16 @@ from agentrl_jax import sharding
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
 from agentrl_jax.sampling import Sampler, StopConfig
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import rl_batch, sft_data
+from agentrl_jax.training import multihost, rl_batch, sft_data
 from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.rl_update import score_rows
-from agentrl_jax.training.trainer import model_config, rl_learner, rl_sampling, sft_learner
+from agentrl_jax.training.trainer import (
+    casts,
+    model_config,
+    rl_learner,
+    rl_sampling,
+    sft_learner,
+)
 
 GIB = 1 << 30
 PROGRAMS = ("sampler_turn", "sft_step", "score", "rl_update")
@@ -67,6 +74,7 @@ def memory_plan(
     prompt_tokens: int = PROMPT_TOKENS,
     num_choices: int = NUM_CHOICES,
     programs: tuple[str, ...] | None = None,
+    local_devices: int | None = None,
 ) -> dict[str, Any]:
     """Compiles every program of a run of ``config`` on the current devices; returns the plan.
 
@@ -75,14 +83,22 @@ def memory_plan(
     plans any mesh on one machine.
 
     ``programs`` names the ones to compile (default: all the run executes, ``PROGRAMS``).
+    ``local_devices``: plan a multi-host layout, hosts of this many devices each: the learner's
+    programs on the whole mesh, the sampler's turn on one host's mesh
+    (``multihost.local_mesh``) with that host's copy of the policy. None: one host.
 
     Returns:
-      {"devices", "mesh", "model", "programs": [{"name", "shapes", "compile_s",
-      "per_device_bytes": {"arguments", "outputs", "temporaries", "aliased", "total",
-      "resident", "peak"}, "analytic_bytes": {"params", "optimizer"}}], "largest"}.
+      {"devices", "mesh", "model", "sampler": {"mesh", "dtype", "owned", "params_bytes",
+      "f32_replica_bytes"}, "programs": [{"name", "shapes", "compile_s", "per_device_bytes":
+      {"arguments", "outputs", "temporaries", "aliased", "total", "resident", "peak"},
+      "analytic_bytes": {"params", "optimizer"}}], "largest"}. ``sampler`` is the sampler's
+      copy of the policy (``trainer.sync_sampler``): its mesh, dtype, whether it is a copy of
+      its own beside the train state, and its bytes per device, next to the whole policy in
+      float32 on every device (the replica multi-host runs used to hold).
 
     Raises:
-      ValueError: the mesh needs more devices than there are, or an unknown program name.
+      ValueError: the mesh needs more devices than there are, an unknown program name, or
+        ``local_devices`` that does not divide the mesh's devices.
     """
     unknown = sorted(set(programs or ()) - set(PROGRAMS))
     if unknown:
@@ -95,6 +111,10 @@ def memory_plan(
             f"{len(devices)} are visible"
         )
     mesh = sharding.make_mesh(mesh_shape, devices[: math.prod(mesh_shape)])
+    if local_devices is not None and (local_devices < 1 or mesh.size % local_devices):
+        raise ValueError(
+            f"local_devices={local_devices}: expected a divisor of the mesh's {mesh.size} devices"
+        )
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     critic = None
@@ -104,9 +124,18 @@ def memory_plan(
     state = learner.abstract_state(policy, critic)
     ref = state.policy if config.rl.kl_coef > 0 else None
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
+    sampler_mesh, sampler_params, owned = sampler_copy(model_cfg, state.policy, mesh, local_devices)
     build = {
         "sampler_turn": lambda: _sampler_turn(
-            config, policy, state, ref, mesh, prompt_tokens, num_choices
+            config,
+            policy,
+            state,
+            ref,
+            sampler_mesh,
+            sampler_params,
+            owned,
+            prompt_tokens,
+            num_choices,
         ),
         "sft_step": lambda: _sft_step(config, policy, mesh, seq),
         "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices),
@@ -129,9 +158,39 @@ def memory_plan(
             "dtype": config.model.dtype,
             "remat": bool(config.model.remat),
         },
+        "sampler": {
+            "mesh": [int(sampler_mesh.shape[a]) for a in sharding.MESH_AXES],
+            "dtype": np.dtype(model_cfg.dtype).name,
+            "owned": owned,
+            "params_bytes": device_bytes(sampler_params),
+            "f32_replica_bytes": 4 * model_cfg.num_params,
+        },
         "programs": programs,
         "largest": largest["name"],
     }
+
+
+def sampler_copy(model_cfg, policy, mesh, local_devices=None):
+    """``(mesh, params, owned)``: where the sampler runs and its copy of the policy, abstract.
+
+    What ``trainer.sync_sampler`` gives the sampler: on one host (``local_devices`` None) the
+    run's ``mesh`` and the train state's ``policy`` (abstract, float32 parameters), cast to the
+    compute dtype when it differs (a copy of its own: ``owned``); multi-host, the first host's
+    ``multihost.local_mesh`` and the policy there in the compute dtype, split by the rules.
+    """
+    dtype = np.dtype(model_cfg.dtype)
+    if local_devices is None and not casts(policy, dtype):
+        return mesh, policy, False
+    if local_devices is not None:
+        local = list(mesh.devices.flat)[:local_devices]
+        mesh = sharding.make_mesh(multihost.sampler_mesh_shape(model_cfg, local_devices), local)
+    targets = sharding.leaf_shardings(policy, mesh)
+
+    def cast(x, target):
+        kept = x.dtype if not jnp.issubdtype(x.dtype, jnp.floating) else dtype
+        return jax.ShapeDtypeStruct(x.shape, kept, sharding=target)
+
+    return mesh, jax.tree.map(cast, policy, targets), True
 
 
 def iteration_rows(config: RunConfig) -> int:
@@ -151,10 +210,10 @@ def rollout_batch(config: RunConfig) -> int:
 # ------------------------------------------------------------------ programs
 
 
-def _sampler_turn(config, policy, state, ref, mesh, prompt_tokens, num_choices):
+def _sampler_turn(config, policy, state, ref, mesh, params, owned, prompt_tokens, num_choices):
     rollout = config.rollout
     sampler = Sampler(policy, stop=StopConfig(eos_ids=(0,)), mesh=mesh)
-    sampler.set_state(state.policy)  # the trainer's sampler reads the train state's policy
+    sampler.set_state(params)  # the trainer's: the train state's policy, or a copy of it
     batch = rollout_batch(config)
     cache = sampler.abstract_cache(batch, rollout.max_seq_len)
     choices = num_choices if rollout.constrain_actions else 0
@@ -169,9 +228,12 @@ def _sampler_turn(config, policy, state, ref, mesh, prompt_tokens, num_choices):
     lowered = lambda: sampler.lower_turn(  # noqa: E731
         cache, prompt, rollout.max_new_tokens, sampling=rl_sampling(config), num_choices=choices
     )
-    # Alive beside it: the optimizer moments, the critic and the reference.
+    # Alive beside it: the optimizer moments, the critic and the reference (and the train
+    # state's policy, when the sampler's is a copy).
     resident = [state.policy_opt, state.value, state.value_opt, ref]
-    return _program("sampler_turn", shapes, lowered, resident, params=[state.policy])
+    if owned:
+        resident.append(state.policy)
+    return _program("sampler_turn", shapes, lowered, resident, params=[params])
 
 
 def _sft_step(config, policy, mesh, seq):
@@ -319,6 +381,14 @@ def format_table(plan: dict[str, Any]) -> str:
             + " | ".join(gib(c) for c in cells)
             + f" | {p['compile_s']:.1f} |"
         )
+    s = plan["sampler"]
+    copy = "a copy of its own" if s["owned"] else "the train state's arrays"
+    lines += [
+        "",
+        f"sampler: mesh {dict(zip(plan['mesh_axes'], s['mesh']))}, {s['dtype']} parameters "
+        f"({copy}): {gib(s['params_bytes'])} {unit} per device (the policy in float32 on every "
+        f"device: {gib(s['f32_replica_bytes'])} {unit})",
+    ]
     lines += [
         "",
         f"{unit} per device; total = args + outputs + temps - aliased; peak = total + resident "
