@@ -53,7 +53,8 @@ def exchange() -> None:
     from agentrl_jax.models import Qwen2ForCausalLM
     from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
-    mesh = sharding.make_mesh((jax.device_count(), 1, 1))
+    # FSDP over every process's devices: each process's copy gathers shards from the others.
+    mesh = sharding.make_mesh((1, jax.device_count(), 1))
     cfg = TEST_CONFIG.replace(num_layers=1)
     local = multihost.local_mesh(cfg)
     assert dict(local.shape) == {"data": 1, "fsdp": 1, "tp": jax.local_device_count()}, local
