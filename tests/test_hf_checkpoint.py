@@ -308,12 +308,13 @@ class _CountingSlice:
         return self.part[index]
 
 
-@pytest.mark.parametrize("mesh_shape", [(1, 4, 2), (2, 4, 1)])
+@pytest.mark.parametrize(("mesh_shape", "scan"), [((1, 4, 2), False), ((2, 4, 1), True)])
 def test_each_host_reads_its_share_of_the_sharded_tensors(
-    tmp_path_factory, mesh_shape, monkeypatch
+    tmp_path_factory, mesh_shape, scan, monkeypatch
 ):
     # Untied: the LM head is a tensor of its own. (1, 4, 2): fsdp and tp within each host;
-    # (2, 4, 1): the parameters replicated across the hosts, which still read half each.
+    # (2, 4, 1): the parameters replicated across the hosts, which still read half each, here
+    # into a scanned model's stacked layer parameters.
     hf_ckpt = _checkpoint(tmp_path_factory, False)
     mesh = sharding.make_mesh(mesh_shape)
     spans: dict[tuple[int, str], list[tuple[int, int]]] = {}
@@ -339,7 +340,9 @@ def test_each_host_reads_its_share_of_the_sharded_tensors(
 
     monkeypatch.setattr(hc._Reader, "slice", counting_slice)
     monkeypatch.setattr(jax, "make_array_from_callback", attributed_make)
-    model = hc.load_hf_model(hf_ckpt, mesh=mesh, process_of=_pretend_two_processes)
+    model = hc.load_hf_model(
+        hf_ckpt, mesh=mesh, process_of=_pretend_two_processes, scan_layers=scan
+    )
     monkeypatch.undo()
 
     sizes = {tm.hf_name: math.prod(tm.hf_shape) for tm in hc.tensor_maps(model.cfg).values()}
@@ -356,7 +359,7 @@ def test_each_host_reads_its_share_of_the_sharded_tensors(
             # Each host reads its half of the file's rows, not (as a column block would) all.
             assert read.sum() == sizes[name] // 2, (name, process, mesh_shape)
     # The values are the checkpoint's, wherever they were read, in the rules' shardings.
-    plain = dict(nnx.to_flat_state(nnx.state(hc.load_hf_model(hf_ckpt))))
+    plain = dict(nnx.to_flat_state(nnx.state(hc.load_hf_model(hf_ckpt, scan_layers=scan))))
     targets = dict(nnx.to_flat_state(sharding.state_shardings(nnx.state(model), mesh)))
     for path, var in nnx.to_flat_state(nnx.state(model)):
         value = var.get_value()

@@ -498,12 +498,15 @@ def _load_param(tmaps, parts, spec, sharding, stacked: bool, process_of) -> jax.
     tmap = tmaps[0]
     lead = (len(tmaps),) if stacked else ()
 
-    def ours(index):
-        if not stacked:
-            return tmap.read(parts[0], index).astype(dtype)
-        # A stacked layer parameter: this device's layers, each read as its own.
-        layers = range(*index[0].indices(len(tmaps)))
-        return np.stack([tmaps[i].read(parts[i], index[1:]).astype(dtype) for i in layers])
+    def per_device(read_one):
+        def read(index):
+            if not stacked:
+                return read_one(0, index).astype(dtype)
+            # A stacked layer parameter: this device's layers, each read as its own.
+            layers = range(*index[0].indices(len(tmaps)))
+            return np.stack([read_one(i, index[1:]).astype(dtype) for i in layers])
+
+        return read
 
     rows = (
         _row_sharding(sharding.mesh, tmap.hf_shape[0], len(lead) + len(tmap.hf_shape), len(lead))
@@ -519,19 +522,14 @@ def _load_param(tmaps, parts, spec, sharding, stacked: bool, process_of) -> jax.
             rows, hf_shape, lambda i: i[len(lead) :], tmap.hf_shape, process_of
         )
         if split < direct:
-
-            def hf_rows(index):
-                if not stacked:
-                    return np.asarray(parts[0][index]).astype(dtype)
-                layers = range(*index[0].indices(len(tmaps)))
-                return np.stack([np.asarray(parts[i][index[1:]]).astype(dtype) for i in layers])
-
+            hf_rows = per_device(lambda i, index: np.asarray(parts[i][index]))
             loaded = jax.make_array_from_callback(hf_shape, rows, hf_rows)
             view = (*lead, *tmap.view_shape)
             perm = (*range(len(lead)), *(p + len(lead) for p in tmap.perm))
             value = _relayout(view, perm, sharding)(loaded)
             loaded.delete()
             return value
+    ours = per_device(lambda i, index: tmaps[i].read(parts[i], index))
     return jax.make_array_from_callback(spec.shape, sharding, ours)
 
 
