@@ -8,6 +8,11 @@ or the pack in ../shared/data/alfworld):
 
     python -m launch.train --config=configs/alfworld_gagpo.py --workdir=runs/alfworld_gagpo \
         --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct
+
+Mesh (``launch.plan``, docs/training.md "Choosing the mesh"): the resolved default is one device;
+Qwen2.5-7B on 16 devices takes ``--config.mesh='(1,4,4)'`` on a TPU slice or ``'(2,2,4)'`` on
+2 GPU nodes of 8, with ``--config.rl.microbatch_size=16`` (update peak 29.6 / 36.9 GiB per
+device); never ``(16,1,1)``, which replicates the 85 GiB float32 state on every device.
 """
 
 import ml_collections

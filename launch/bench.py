@@ -6,6 +6,7 @@ r"""Benchmarks, measured side by side against a reference in the same run.
     python -m launch.bench envs --out bench_envs.json
     python -m launch.bench swe --out bench_swe.json
     python -m launch.bench sft_data --out bench_sft_data.json
+    python -m launch.bench device --out device.json   # on an accelerator (Qwen2.5 shapes, MFU)
 
 Each prints a table and writes JSON with, per workload, ``ours``, ``reference``, ``ratio`` and
 ``unit``. ``--quick`` shrinks every workload (used by the tests to check the plumbing).
@@ -15,7 +16,7 @@ import importlib
 
 from absl import app, flags
 
-BENCHMARKS = ("sampler", "learner", "advantages", "envs", "swe", "sft_data")
+BENCHMARKS = ("sampler", "learner", "advantages", "envs", "swe", "sft_data", "device")
 
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON report.")
 _QUICK = flags.DEFINE_bool("quick", False, "Shrink every workload (plumbing check only).")

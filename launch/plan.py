@@ -70,12 +70,12 @@ def main(argv):
     unknown = sorted(set(programs or ()) - set(plan.PROGRAMS))
     if unknown:
         cli.fail(f"--programs: {unknown} unknown; expected names from {list(plan.PROGRAMS)}")
-    local = _LOCAL.value
-    size = math.prod(config.mesh)
-    if local is not None and (local < 1 or size % local):
-        cli.fail(f"--local_devices={local}: expected a divisor of the mesh's {size} devices")
+    try:
+        plan.check_local_devices(_LOCAL.value, math.prod(config.mesh))
+    except ValueError as e:
+        cli.fail(f"--{e}")
     result = plan.memory_plan(
-        config, prompt_tokens=_PROMPT.value, programs=programs, local_devices=local
+        config, prompt_tokens=_PROMPT.value, programs=programs, local_devices=_LOCAL.value
     )
     print(plan.format_table(result))
     if _OUT.value:

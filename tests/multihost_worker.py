@@ -8,6 +8,10 @@ Modes:
     prints the XLA compilations of each iteration as ``compiles <it> <n>``.
   agree: the trainer's agreement check, passed once, then failed on a process that differs in
     config, code, tasks and tokenizer; prints ``agreed`` then the error (exit status 3).
+  play: RL iterations, expert demonstrations and a greedy evaluation through the multi-host
+    rollout worker (a ``CountingPool`` of 8 episodes and a tiny policy on each process); prints
+    the episodes this process played in each as ``played <name> <n>``, then, on process 0,
+    ``same as one process`` once every result equals a single-process worker's.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "tests"))
 
 from agentrl_jax import sharding  # noqa: E402
+from agentrl_jax.envs.actors import StepResult  # noqa: E402
+from agentrl_jax.envs.base import Observation, Task  # noqa: E402
 from agentrl_jax.training import multihost  # noqa: E402
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -44,6 +50,112 @@ class CompileCounter:
 
     def __exit__(self, *exc):
         jax.monitoring.unregister_event_duration_listener(self)
+
+
+class CountingPool:
+    """An in-process stand-in for ActorPool: an episode of task i lasts i % 3 + 1 steps and pays
+    0.5 per step, whatever the policy does (its expert says "look"); holds ``capacity``
+    episodes at once and counts the episodes it was given (``played``)."""
+
+    def __init__(self, capacity: int = 2):
+        self.capacity = capacity
+        self.played = 0
+
+    def reset(self, tasks):
+        if not 0 < len(tasks) <= self.capacity:
+            raise ValueError(f"{len(tasks)} episodes for a pool of {self.capacity}")
+        self.tasks, self.t = list(tasks), [0] * len(tasks)
+        self.played += len(tasks)
+        return [StepResult(self._obs(), info=self._info(0)) for _ in tasks]
+
+    def _obs(self):
+        return Observation(objective="win", text="a room", admissible_commands=("look",))
+
+    def _info(self, t):
+        return {"state_key": t, "expert_action": "look"}
+
+    def step(self, actions):
+        out = []
+        for i, action in enumerate(actions):
+            if action is None:
+                out.append(None)
+                continue
+            self.t[i] += 1
+            done = self.t[i] >= int(self.tasks[i].id) % 3 + 1
+            info = {"won": done, **self._info(self.t[i])}
+            out.append(StepResult(self._obs(), reward=0.5, done=done, info=info))
+        return out
+
+
+def worker_parts(tokenizer_dir, capacity: int = 2):
+    """(pool, sampler, tokenizer, template, rollout config) of a tiny rollout worker: the same
+    policy (seed 0) and tokenizer on every process."""
+    from flax import nnx
+
+    from agentrl_jax.models import Qwen2ForCausalLM, preset
+    from agentrl_jax.models.tokenizer import build_tokenizer
+    from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+    from agentrl_jax.training.chat import get_template
+    from agentrl_jax.training.rollout import RolloutConfig
+
+    tok = build_tokenizer(["a room | look | Goal: win"] * 10, 300, tokenizer_dir)
+    cfg = preset(
+        "tiny", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
+        num_heads=2, num_kv_heads=1, head_dim=16,
+    )  # fmt: skip
+    template = get_template("plain")
+    sampler = Sampler(
+        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
+        sampling=SamplingParams(temperature=1.0),
+        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
+        pad_id=tok.pad_token_id,
+    )
+    config = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=4, max_seq_len=256)
+    return CountingPool(capacity), sampler, tok, template, config
+
+
+def played(trajs):
+    """What decides an episode's training rows: its task, group, actions and outcome."""
+    return [(t.task.id, t.group, [s.action_ids for s in t.steps], t.won) for t in trajs]
+
+
+def play() -> None:
+    """Every kind of rollout call the trainer makes, through ``ShardedRolloutWorker``: each
+    process must play its even share of each, and the gathered result must be one process's."""
+    import tempfile
+
+    from agentrl_jax.training import evaluate
+    from agentrl_jax.training.rollout import RolloutWorker
+
+    parts = worker_parts(tempfile.mkdtemp(), capacity=8)
+    pool = parts[0]
+    worker = multihost.ShardedRolloutWorker(*parts)
+    tasks = [Task("scripted", "train", str(i)) for i in range(10)]
+    # RL iterations of 4 and 6 tasks x 2 episodes (one or two pool-fulls in all), 5 expert
+    # demonstrations (one episode each), 9 held-out tasks greedily (uneven shares, like 140).
+    calls = {
+        "iteration_0": dict(tasks=tasks[:4], rng=jax.random.key(10)),
+        "iteration_1": dict(tasks=tasks[3:9], rng=jax.random.key(11)),
+        "demonstrations": dict(tasks=tasks[:5], rng=jax.random.key(0), expert=True, group_size=1),
+    }
+    results = {}
+    for name, kwargs in calls.items():
+        before = pool.played
+        results[name] = worker.run(**kwargs)
+        print(f"played {name} {pool.played - before}", flush=True)
+    before = pool.played
+    results["evaluation"] = evaluate.evaluate(worker, tasks[:9], jax.random.key(0))
+    print(f"played evaluation {pool.played - before}", flush=True)
+
+    if jax.process_index() == 0:
+        # One process with one pool of 8 plays the same lists in its own (full) waves.
+        one = RolloutWorker(*worker_parts(tempfile.mkdtemp(), capacity=8))
+        for name, kwargs in calls.items():
+            want, got = played(one.run(**kwargs)), played(results[name])
+            assert want == got, (name, want, got)
+        want = evaluate.evaluate(one, tasks[:9], jax.random.key(0)).to_json()
+        assert want == results["evaluation"].to_json(), (want, results["evaluation"].to_json())
+        print("same as one process", flush=True)
 
 
 def exchange() -> None:
@@ -129,7 +241,7 @@ def main() -> None:
     mode, coordinator, count, index = sys.argv[1:5]
     jax.config.update("jax_threefry_partitionable", True)
     jax.distributed.initialize(coordinator, int(count), int(index))
-    {"exchange": exchange, "agree": agree}[mode]()
+    {"exchange": exchange, "agree": agree, "play": play}[mode]()
 
 
 if __name__ == "__main__":

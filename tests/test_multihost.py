@@ -5,20 +5,15 @@ import socket
 import sys
 
 import jax
+import multihost_worker
 import numpy as np
 import pytest
 import train_cli
-from flax import nnx
 
 from agentrl_jax import sharding
-from agentrl_jax.envs.actors import StepResult
-from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.models import Qwen2ForCausalLM, preset
-from agentrl_jax.models.tokenizer import build_tokenizer
-from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+from agentrl_jax.envs.base import Task
 from agentrl_jax.training import multihost
-from agentrl_jax.training.chat import get_template
-from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
+from agentrl_jax.training.rollout import RolloutWorker
 from agentrl_jax.training.tensorboard import read_scalars
 
 TOL = 1e-5  # fixed by the issue: f32 max abs diff of the parameters, 2 x 4 devices vs 1 x 8
@@ -54,6 +49,50 @@ def test_process_slices_partition_the_items_on_wave_boundaries(num_items, unit, 
         assert s.start % unit == 0 or s.start == num_items  # starts on a wave boundary
     sizes = [-(-(s.stop - s.start) // unit) for s in slices]  # waves per process
     assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("count", [1, 2, 4])
+@pytest.mark.parametrize("capacity", [2, 8, 128])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("num_tasks", [1, 3, 4, 5, 9, 16, 17, 140])
+def test_wave_plans_give_every_process_its_share_of_whole_groups(num_tasks, group, capacity, count):
+    if group > capacity:
+        return  # the worker refuses a group that does not fit the pool (wave_size)
+    per_wave = capacity // group
+    plan = multihost.plan_waves(num_tasks, per_wave, count)
+    assert len(plan) == count
+    # The waves of all processes, in process order, are the tasks in order, each once.
+    assert [i for waves in plan for w in waves for i in range(num_tasks)[w]] == list(
+        range(num_tasks)
+    )
+    shares = [sum(w.stop - w.start for w in waves) for waves in plan]
+    # Every process plays whenever there is a task for each; shares differ by one task at most.
+    assert min(shares) == num_tasks // count and max(shares) - min(shares) <= 1
+    assert all(shares) or num_tasks < count
+    for waves in plan:
+        # Whole groups that fit the pool: a wave's episodes start on a group boundary (the
+        # task's first episode) and number at most the capacity; only a share's last is short.
+        assert all(0 < (w.stop - w.start) * group <= capacity for w in waves)
+        assert all(w.stop - w.start == per_wave for w in waves[:-1])
+        # No process plays more waves than its share needs.
+        assert len(waves) == -(-sum(w.stop - w.start for w in waves) // per_wave)
+
+
+def test_wave_plans_deal_the_tasks_in_order():
+    # One wave of 16 tasks (a pool of 128 episodes, groups of 8) over 2 processes: 8 tasks each.
+    assert multihost.plan_waves(16, 16, 2) == [[slice(0, 8)], [slice(8, 16)]]
+    # A 140-task evaluation with waves of 128: 70 each (not 128 + 12), 35 each over 4.
+    assert multihost.plan_waves(140, 128, 2) == [[slice(0, 70)], [slice(70, 140)]]
+    assert multihost.plan_waves(140, 128, 4) == [[slice(35 * p, 35 * p + 35)] for p in range(4)]
+    # A share larger than a wave is cut into full waves, the last one short.
+    assert multihost.plan_waves(10, 3, 2) == [
+        [slice(0, 3), slice(3, 5)],
+        [slice(5, 8), slice(8, 10)],
+    ]
+    # Fewer tasks than processes: the last processes play nothing.
+    assert multihost.plan_waves(2, 4, 4) == [[slice(0, 1)], [slice(1, 2)], [], []]
+    with pytest.raises(ValueError, match="per_wave=0"):
+        multihost.plan_waves(4, 0, 2)
 
 
 @pytest.mark.parametrize(
@@ -119,52 +158,12 @@ def test_single_process_collectives_are_local():
 # ---------------------------------------------------------------- waves play the same anywhere
 
 
-class CountingPool:
-    """An in-process stand-in for ActorPool: an episode of task i lasts i % 3 + 1 steps and pays
-    0.5 per step, whatever the policy does (holds 2 episodes at once)."""
-
-    capacity = 2
-
-    def reset(self, tasks):
-        self.tasks, self.t = list(tasks), [0] * len(tasks)
-        return [StepResult(self._obs(), info={"state_key": 0}) for _ in tasks]
-
-    def _obs(self):
-        return Observation(objective="win", text="a room", admissible_commands=("look",))
-
-    def step(self, actions):
-        out = []
-        for i, action in enumerate(actions):
-            if action is None:
-                out.append(None)
-                continue
-            self.t[i] += 1
-            done = self.t[i] >= int(self.tasks[i].id) % 3 + 1
-            info = {"won": done, "state_key": self.t[i]}
-            out.append(StepResult(self._obs(), reward=0.5, done=done, info=info))
-        return out
-
-
 @pytest.fixture(scope="module")
 def worker_parts(tmp_path_factory):
-    tok = build_tokenizer(["a room | look | Goal: win"] * 10, 300, tmp_path_factory.mktemp("tok"))
-    cfg = preset(
-        "tiny", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
-        num_heads=2, num_kv_heads=1, head_dim=16,
-    )  # fmt: skip
-    template = get_template("plain")
-    sampler = Sampler(
-        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
-        sampling=SamplingParams(temperature=1.0),
-        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
-        pad_id=tok.pad_token_id,
-    )
-    config = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=4, max_seq_len=256)
-    return CountingPool(), sampler, tok, template, config
+    return multihost_worker.worker_parts(tmp_path_factory.mktemp("tok"))
 
 
-def _played(trajs):
-    return [(t.task.id, t.group, [s.action_ids for s in t.steps], t.won) for t in trajs]
+_played = multihost_worker.played
 
 
 def test_each_process_plays_its_waves_as_the_whole_list_would(worker_parts):
@@ -183,6 +182,32 @@ def test_each_process_plays_its_waves_as_the_whole_list_would(worker_parts):
         assert sharded.capacity == 4
         parts += sharded.run(tasks, rng)
     assert _played(parts) == _played(whole)
+
+
+def test_an_episode_plays_the_same_in_any_wave_and_on_any_process(worker_parts):
+    """Episodes are keyed by their task's place in the list: waves of 2 tasks (a pool of 4
+    episodes: waves 0-1, 2-3, 4) or of 1, and the shares of 2 or 4 processes (tasks 0-2 and
+    3-4; 0-1, 2, 3, 4) play the same episodes. (Batches of 2 and 4 rows only: the programs the
+    test before this one compiled, or few more.)"""
+    _, *rest = worker_parts
+    tasks = [Task("scripted", "train", str(i)) for i in range(5)]
+    rng = jax.random.key(4)
+    whole = RolloutWorker(multihost_worker.CountingPool(4), *rest).run(tasks, rng)
+    assert [t.group for t in whole] == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    assert len({tuple(map(tuple, p[2])) for p in _played(whole)}) > 2  # not vacuous
+    waves = RolloutWorker(multihost_worker.CountingPool(2), *rest).run(tasks, rng)
+    assert _played(waves) == _played(whole)
+    for count in (2, 4):
+        parts = []
+        for p in range(count):
+            process = multihost.ProcessInfo(index=p, count=count)
+            sharded = multihost.ShardedRolloutWorker(
+                multihost_worker.CountingPool(4), *rest, process=process
+            )
+            mine = sharded.run(tasks, rng)  # one process: the gather returns only its own
+            assert mine, (count, p)  # every process of 2 or 4 plays some of the 5 tasks
+            parts += mine
+        assert _played(parts) == _played(whole), count
 
 
 # ---------------------------------------------------------------- small multi-process checks
@@ -211,6 +236,42 @@ def _run_workers(mode, tmp_path, count=2, devices=2, timeout=120, **env):
         for p in range(count)
     ]
     return train_cli.wait_all(*procs, timeout=timeout)
+
+
+# Episodes each process plays of each call in tests/multihost_worker.py's ``play`` (pools of 8,
+# groups of 2): RL iterations of 4 and 6 tasks, 5 demonstrations and 9 greedy evaluation tasks,
+# each dealt out evenly in whole tasks.
+SHARES = {
+    2: {
+        "iteration_0": [4, 4],
+        "iteration_1": [6, 6],
+        "demonstrations": [3, 2],
+        "evaluation": [5, 4],
+    },
+    4: {
+        "iteration_0": [2, 2, 2, 2],
+        "iteration_1": [4, 4, 2, 2],
+        "demonstrations": [2, 1, 1, 1],
+        "evaluation": [3, 2, 2, 2],
+    },
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("count", [2, 4])
+def test_every_process_plays_its_share_of_every_call(tmp_path, count):
+    """Each process plays its share of every RL iteration, the demonstrations and an uneven
+    evaluation, and the gathered results are a single process's."""
+    results = _run_workers("play", tmp_path, count=count, timeout=600)
+    for p, (code, text) in enumerate(results):
+        assert code == 0, text[-3000:]
+        played = {
+            line.split()[1]: int(line.split()[2])
+            for line in text.splitlines()
+            if line.startswith("played ")
+        }
+        assert played == {name: shares[p] for name, shares in SHARES[count].items()}, text
+    assert "same as one process" in results[0][1], results[0][1][-3000:]
 
 
 def test_exchanges_compile_once_not_every_iteration(tmp_path):
@@ -356,6 +417,6 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     assert ref["rollout/episodes"] == [(1, 8.0), (2, 8.0)]
     events = [n for n in os.listdir(two / "tensorboard") if "tfevents" in n]
     assert len(events) == 1, events
-    # Only process 0 reports.
-    assert "| simple |" in text0 and "| simple |" not in text1
+    # Only process 0 reports (the before/after table's rows are the report sets, level@split).
+    assert "| simple@test |" in text0 and "| simple@test |" not in text1
     assert "eval after_rl" in text0 and "eval after_rl" not in text1

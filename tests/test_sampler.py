@@ -183,6 +183,9 @@ def test_prompt_longer_than_cache_is_a_clear_error(greedy):
         greedy.step_turn(out.cache, [[], [256], [], []], 1, jax.random.key(0))
     with pytest.raises(ValueError, match="new_tokens has 3 rows; the cache has batch 4"):
         greedy.step_turn(out.cache, [[1], [2], [3]], 1, jax.random.key(0))
+    three = jax.random.split(jax.random.key(0), 3)
+    with pytest.raises(ValueError, match=r"rng has shape \(3,\): expected one key or 4 per-row"):
+        greedy.step_turn(out.cache, [[1], [2], [3], [4]], 1, three)
 
 
 def test_grow_keeps_the_conversation(greedy):

@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 )
 
 from agentrl_jax.sampling import GREEDY, SamplingParams
-from agentrl_jax.sampling.logits import draw, processed_logprobs
+from agentrl_jax.sampling.logits import draw, fold_in, processed_logprobs
 
 
 def hf_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -65,6 +65,28 @@ def test_draw_frequencies_follow_the_processed_distribution():
     np.testing.assert_allclose(np.asarray(logprob), np.log(expected[tokens]), rtol=0, atol=1e-5)
     ref_policy = np.asarray(jax.nn.log_softmax(jnp.asarray(logits_v)))[tokens]
     np.testing.assert_allclose(np.asarray(policy), ref_policy, rtol=0, atol=1e-6)
+
+
+def test_a_row_with_its_own_key_draws_the_same_in_any_batch():
+    params = SamplingParams(temperature=1.0)
+    sample = jax.jit(lambda k, x: draw(k, x, params)[:2])
+    logits = (2.0 * np.random.default_rng(2).standard_normal((6, 16))).astype(np.float32)
+    keys = jax.vmap(lambda i: jax.random.fold_in(jax.random.key(5), i))(jnp.arange(6))
+    tokens, logprob = map(np.asarray, sample(keys, jnp.asarray(logits)))
+    assert len(set(tokens.tolist())) > 1  # the rows' keys differ (not vacuous)
+    # Rows 0..2 moved to the end of a batch whose other rows are new: they draw the same.
+    other = (2.0 * np.random.default_rng(3).standard_normal((3, 16))).astype(np.float32)
+    mixed_keys = jnp.concatenate([jax.random.split(jax.random.key(9), 3), keys[:3]])
+    got, got_lp = map(
+        np.asarray, sample(mixed_keys, jnp.asarray(np.concatenate([other, logits[:3]])))
+    )
+    np.testing.assert_array_equal(got[3:], tokens[:3])
+    np.testing.assert_array_equal(got_lp[3:], logprob[:3])
+    # Folding the step into per-row keys folds it into each: row r's key stays row r's.
+    np.testing.assert_array_equal(
+        jax.random.key_data(fold_in(keys, 3))[2],
+        jax.random.key_data(jax.random.fold_in(keys[2], 3)),
+    )
 
 
 def test_greedy_draws_the_argmax():

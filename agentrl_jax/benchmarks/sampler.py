@@ -252,16 +252,18 @@ def run(quick: bool) -> Report:
     return report
 
 
-def _reference_model(policy):
-    """transformers' Qwen2ForCausalLM from a checkpoint of the same weights."""
+def _reference_model(policy, *, dtype=None, device: str = "cpu"):
+    """transformers' Qwen2ForCausalLM from a checkpoint of the same weights, on torch ``device``
+    in torch ``dtype`` (default: the checkpoint's)."""
     import transformers  # noqa: PLC0415
 
     from agentrl_jax.models.hf_checkpoint import save_hf_checkpoint  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_checkpoint(policy, tmp)
-        model = transformers.Qwen2ForCausalLM.from_pretrained(tmp, local_files_only=True)
-    return model.eval()
+        kwargs = {} if dtype is None else {"dtype": dtype}
+        model = transformers.Qwen2ForCausalLM.from_pretrained(tmp, local_files_only=True, **kwargs)
+    return model.to(device).eval()
 
 
 def _check_same_weights(policy, reference, cfg: ModelConfig, rng) -> float:
@@ -310,7 +312,7 @@ def _generate_ref(reference, ids_np, new_tokens: int, cache=None):
     id is prefilled."""
     import torch  # noqa: PLC0415
 
-    ids = torch.from_numpy(ids_np.astype(np.int64))
+    ids = torch.from_numpy(ids_np.astype(np.int64)).to(reference.device)
     kwargs = {} if cache is None else {"cache": cache}
     with torch.inference_mode():
         return reference.generate(
@@ -392,7 +394,9 @@ def _decode(sampler: Sampler, reference, cfg, sizes: Sizes, slots: int, rng):
 
 def _multi_turn(
     sampler: Sampler, reference, cfg, sizes: Sizes, rng, *, turns: int, obs_len: int, action: int
-) -> tuple[Runs, Runs]:
+) -> tuple[Runs, Runs | None]:
+    """``sizes.batch`` episodes of ``turns`` turns, ours against ``generate`` on the whole
+    conversation each turn (``reference=None``: ours alone, the second result None)."""
     obs = [_random_rows(rng, cfg, sizes.batch, obs_len) for _ in range(turns)]
     size = turns * (obs_len + action)
 
@@ -407,8 +411,11 @@ def _multi_turn(
         conversation = np.zeros((sizes.batch, 0), np.int32)
         for turn in range(num_turns):
             conversation = np.concatenate([conversation, obs[turn]], axis=1)
-            conversation = _generate_ref(reference, conversation, action).numpy()
+            conversation = _generate_ref(reference, conversation, action).cpu().numpy()
 
+    if reference is None:  # ours alone (no reference on this device)
+        ours_only, _ = interleaved(ours, lambda: 0.0, sizes.repeats, warmup=(ours,))
+        return ours_only, None
     # Warm-up: our episode compiles every cache bucket it reaches; the reference allocates.
     return interleaved(ours, ref, sizes.repeats, warmup=(ours, lambda: ref(1)))
 

@@ -4,9 +4,10 @@ Each has two layers:
 
 - an array function (``token_gae``, ``grpo_advantages``, ...) of plain padded arrays, pure and
   jit-friendly, for users who want one kernel without the rest;
-- a registered estimator ``fn(batch, config, *, values=None, kl=None) -> Advantages`` that checks
-  its inputs on the host and calls the array function under ``jax.jit`` (config static, so one
-  compilation per shape bucket and config).
+- a registered estimator ``fn(batch, config, *, values=None, kl=None) -> Advantages``: a pure
+  ``impl(batch, config, values, kl)`` that calls the array functions, registered by name with
+  what it needs by ``_builtin``; :func:`jit_estimator` jits it once (config static, so one
+  compilation per shape bucket and config) behind the host-side checks of its inputs.
 
 Shapes: B rows, T tokens, S steps (see ``batch.py``). Every estimator returns token advantages
 [B, T] (0 off agent tokens); step-level ones also return their [B, S] step advantages, and gae
@@ -15,9 +16,9 @@ returns the critic's targets (returns = A + V).
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +35,6 @@ from agentrl_jax.kernels.segments import (
     reverse_discounted_sum,
     steps_to_tokens,
 )
-
-# How many times each estimator has been traced (compiled): tests assert one per shape bucket.
-TRACE_COUNTS: collections.Counter[str] = collections.Counter()
 
 
 @jax.tree_util.register_dataclass
@@ -303,14 +301,6 @@ def gagpo_step_advantages(
 # ------------------------------------------------------------------- registered estimators
 
 
-def _counted_jit(name: str, impl):
-    def counted(*args, **kwargs):
-        TRACE_COUNTS[name] += 1  # Runs only while tracing, i.e. once per compilation.
-        return impl(*args, **kwargs)
-
-    return jax.jit(counted, static_argnames=("config",))
-
-
 def _check_inputs(
     name: str, batch: Batch, config: AdvantageConfig, values, kl, needs_states: bool = False
 ):
@@ -330,15 +320,84 @@ def _check_inputs(
         )
 
 
-def _no_kl_penalty(name: str, kl, config: AdvantageConfig) -> None:
-    if kl is not None and config.kl_coef:
-        raise ValueError(
-            f"{name}: kl_coef is {config.kl_coef} with kl given; expected kl_coef 0: {name} has "
-            "no token rewards to penalise, use the KL loss term (kernels.kl_loss) instead"
+def jit_estimator(
+    name: str,
+    impl: Callable[..., Advantages],
+    *,
+    needs_values: bool = False,
+    needs_states: bool = False,
+    kl_reward: bool = False,
+) -> Callable[..., Advantages]:
+    """The estimator ``fn(batch, config, *, values=None, kl=None)`` around a pure ``impl``.
+
+    ``impl(batch, config, values, kl) -> Advantages`` is jitted once, here, with ``config``
+    static: one compilation per shape bucket and config (equal configs share it). ``fn`` checks
+    its inputs on the host first (types, [B, T] shapes, what the estimator declares it needs) and
+    hands ``impl`` only what it reads: ``values`` (as float32) when it ``needs_values``, ``kl``
+    when it takes a ``kl_reward``, None otherwise, so an unused argument never retraces it. An
+    estimator without a KL reward refuses ``kl`` with ``config.kl_coef != 0`` rather than silently
+    ignoring the penalty.
+
+    Args:
+      name: used in error messages.
+      impl: the pure function (traced, never called eagerly); ``fn.impl`` keeps it.
+      needs_values: ``values`` must be given.
+      needs_states: ``batch.state_ids`` must be set (state-keyed estimators).
+      kl_reward: ``impl`` subtracts ``config.kl_coef * kl`` from its token rewards.
+    """
+    jitted = jax.jit(impl, static_argnames=("config",))
+
+    @functools.wraps(impl)
+    def fn(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+        if needs_values and values is None:
+            raise ValueError(f"{name}: values is None; expected the critic's values, shape [B, T]")
+        _check_inputs(name, batch, config, values, kl, needs_states)
+        if not kl_reward and kl is not None and config.kl_coef:
+            raise ValueError(
+                f"{name}: kl_coef is {config.kl_coef} with kl given; expected kl_coef 0: {name} "
+                "has no token rewards to penalise, use the KL loss term (kernels.kl_loss) instead"
+            )
+        values = jnp.asarray(values, jnp.float32) if needs_values else None
+        return jitted(batch, config, values, kl if kl_reward else None)
+
+    fn.impl = impl
+    return fn
+
+
+def _builtin(
+    name: str,
+    *,
+    needs_values: bool = False,
+    needs_groups: bool = False,
+    needs_states: bool = False,
+    ratio_level: str = "token",
+    kl_reward: bool = False,
+):
+    """Registers the decorated impl as estimator ``name``: :func:`jit_estimator` around it, its
+    needs declared to the registry (``register_advantage_estimator``)."""
+
+    def register(impl):
+        fn = jit_estimator(
+            name, impl, needs_values=needs_values, needs_states=needs_states, kl_reward=kl_reward
+        )
+        return register_advantage_estimator(
+            name,
+            fn,
+            needs_values=needs_values,
+            needs_groups=needs_groups,
+            ratio_level=ratio_level,
+            kl_reward=kl_reward,
         )
 
+    return register
 
-def _gae_impl(batch: Batch, values, kl, config: AdvantageConfig) -> Advantages:
+
+@_builtin("gae", needs_values=True, kl_reward=True)
+def gae(batch: Batch, config: AdvantageConfig, values, kl) -> Advantages:
+    """Token-level GAE with a critic (PPO); see :func:`token_gae`. Needs ``values`` [B, T].
+
+    Truncated rows bootstrap from ``batch.bootstrap_values`` (None: every row is terminal).
+    """
     r = token_rewards(batch.rewards, batch.step_ids, batch.loss_mask, kl, config.kl_coef)
     adv, ret = token_gae(
         r,
@@ -351,22 +410,14 @@ def _gae_impl(batch: Batch, values, kl, config: AdvantageConfig) -> Advantages:
     return Advantages(tokens=adv, returns=ret)
 
 
-_gae_jit = _counted_jit("gae", _gae_impl)
+@_builtin("reinforce_pp", kl_reward=True)
+def reinforce_pp(batch: Batch, config: AdvantageConfig, values, kl) -> Advantages:
+    """REINFORCE++: token returns (with an optional KL reward penalty) whitened over the batch.
 
-
-@register_advantage_estimator("gae", needs_values=True, kl_reward=True)
-def gae(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
-    """Token-level GAE with a critic (PPO); see :func:`token_gae`. Needs ``values`` [B, T].
-
-    Truncated rows bootstrap from ``batch.bootstrap_values`` (None: every row is terminal).
+    r_t = reward of the step on its action's last token - kl_coef * kl_t
+    G_t = r_t + gamma * G_{t'}            (t' the next agent token; env tokens skipped)
+    A_t = (G_t - mean G) / (std G + eps)  (over every agent token of the batch)
     """
-    if values is None:
-        raise ValueError("gae: values is None; expected the critic's values, shape [B, T]")
-    _check_inputs("gae", batch, config, values, kl)
-    return _gae_jit(batch, jnp.asarray(values, jnp.float32), kl, config=config)
-
-
-def _reinforce_pp_impl(batch: Batch, kl, config: AdvantageConfig) -> Advantages:
     r = token_rewards(batch.rewards, batch.step_ids, batch.loss_mask, kl, config.kl_coef)
     returns = reverse_discounted_sum(r, batch.loss_mask, config.gamma)
     zeros = jnp.zeros_like(batch.step_ids)
@@ -376,22 +427,14 @@ def _reinforce_pp_impl(batch: Batch, kl, config: AdvantageConfig) -> Advantages:
     return Advantages(tokens=adv)
 
 
-_reinforce_pp_jit = _counted_jit("reinforce_pp", _reinforce_pp_impl)
+def _per_row(a: jax.Array, batch: Batch) -> Advantages:
+    # One advantage per row: every agent token gets it, no [B, T] gather needed.
+    return Advantages(tokens=a[:, None] * batch.loss_mask, steps=a[:, None] * batch.step_mask)
 
 
-@register_advantage_estimator("reinforce_pp", kl_reward=True)
-def reinforce_pp(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
-    """REINFORCE++: token returns (with an optional KL reward penalty) whitened over the batch.
-
-    r_t = reward of the step on its action's last token - kl_coef * kl_t
-    G_t = r_t + gamma * G_{t'}            (t' the next agent token; env tokens skipped)
-    A_t = (G_t - mean G) / (std G + eps)  (over every agent token of the batch)
-    """
-    _check_inputs("reinforce_pp", batch, config, values, kl)
-    return _reinforce_pp_jit(batch, kl, config=config)
-
-
-def _grpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+@_builtin("grpo", needs_groups=True)
+def grpo(batch: Batch, config: AdvantageConfig, values, kl) -> Advantages:
+    """GRPO; see :func:`grpo_advantages`. Every token of a trajectory shares its advantage."""
     a = grpo_advantages(
         batch.rewards,
         batch.step_mask,
@@ -399,39 +442,18 @@ def _grpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
         norm_by_std=config.norm_by_std,
         eps=config.eps,
     )
-    # One advantage per row: every agent token gets it, no [B, T] gather needed.
-    return Advantages(tokens=a[:, None] * batch.loss_mask, steps=a[:, None] * batch.step_mask)
+    return _per_row(a, batch)
 
 
-_grpo_jit = _counted_jit("grpo", _grpo_impl)
-
-
-@register_advantage_estimator("grpo", needs_groups=True)
-def grpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
-    """GRPO; see :func:`grpo_advantages`. Every token of a trajectory shares its advantage."""
-    _check_inputs("grpo", batch, config, values, kl)
-    _no_kl_penalty("grpo", kl, config)
-    return _grpo_jit(batch, config=config)
-
-
-def _rloo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
-    a = rloo_advantages(batch.rewards, batch.step_mask, batch.group_ids)
-    # One advantage per row: every agent token gets it, no [B, T] gather needed.
-    return Advantages(tokens=a[:, None] * batch.loss_mask, steps=a[:, None] * batch.step_mask)
-
-
-_rloo_jit = _counted_jit("rloo", _rloo_impl)
-
-
-@register_advantage_estimator("rloo", needs_groups=True)
-def rloo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
+@_builtin("rloo", needs_groups=True)
+def rloo(batch: Batch, config: AdvantageConfig, values, kl) -> Advantages:
     """RLOO; see :func:`rloo_advantages`."""
-    _check_inputs("rloo", batch, config, values, kl)
-    _no_kl_penalty("rloo", kl, config)
-    return _rloo_jit(batch, config=config)
+    return _per_row(rloo_advantages(batch.rewards, batch.step_mask, batch.group_ids), batch)
 
 
-def _gigpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+@_builtin("gigpo", needs_groups=True, needs_states=True)
+def gigpo(batch: Batch, config: AdvantageConfig, values, kl) -> Advantages:
+    """GiGPO; see :func:`gigpo_step_advantages`. Needs state keys in the batch."""
     steps = gigpo_step_advantages(
         batch.rewards,
         batch.step_mask,
@@ -445,18 +467,9 @@ def _gigpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
     return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
 
 
-_gigpo_jit = _counted_jit("gigpo", _gigpo_impl)
-
-
-@register_advantage_estimator("gigpo", needs_groups=True)
-def gigpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
-    """GiGPO; see :func:`gigpo_step_advantages`. Needs state keys in the batch."""
-    _check_inputs("gigpo", batch, config, values, kl, needs_states=True)
-    _no_kl_penalty("gigpo", kl, config)
-    return _gigpo_jit(batch, config=config)
-
-
-def _gagpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
+@_builtin("gagpo", needs_groups=True, needs_states=True, ratio_level="action")
+def gagpo(batch: Batch, config: AdvantageConfig, values, kl) -> Advantages:
+    """GAGPO; see :func:`gagpo_step_advantages`. Needs state keys in the batch."""
     steps = gagpo_step_advantages(
         batch.rewards,
         batch.step_mask,
@@ -468,14 +481,3 @@ def _gagpo_impl(batch: Batch, config: AdvantageConfig) -> Advantages:
         eps=config.eps,
     )
     return Advantages(tokens=steps_to_tokens(steps, batch.step_ids, batch.loss_mask), steps=steps)
-
-
-_gagpo_jit = _counted_jit("gagpo", _gagpo_impl)
-
-
-@register_advantage_estimator("gagpo", needs_groups=True, ratio_level="action")
-def gagpo(batch: Batch, config: AdvantageConfig, *, values=None, kl=None) -> Advantages:
-    """GAGPO; see :func:`gagpo_step_advantages`. Needs state keys in the batch."""
-    _check_inputs("gagpo", batch, config, values, kl, needs_states=True)
-    _no_kl_penalty("gagpo", kl, config)
-    return _gagpo_jit(batch, config=config)

@@ -4,6 +4,9 @@ Loading never builds the whole model on one device: the model is traced abstract
 parameter's sharding comes from ``agentrl_jax.sharding``'s rules, and
 ``jax.make_array_from_callback`` asks each device for just its own slice, which is read from the
 memory-mapped safetensors file (``safe_open(...).get_slice``), re-laid-out and cast on the host.
+Where a device's slice would be a column block of the file's [out, in] tensor and so make every
+host read the whole file (the hidden dim sharded across hosts), the devices instead read
+contiguous row blocks and the transpose into our layout runs on the devices.
 
 Saving writes ``config.json`` and ``model.safetensors`` (or numbered shards plus
 ``model.safetensors.index.json``) in Hugging Face's names and layouts, so transformers and vLLM can
@@ -20,17 +23,18 @@ Public API::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import math
 import pathlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
@@ -236,11 +240,11 @@ class TensorMap:
         """Our full array -> the HF tensor."""
         return np.ascontiguousarray(ours.transpose(np.argsort(self.perm))).reshape(self.hf_shape)
 
-    def read(self, hf_slice: Any, index: tuple[slice, ...]) -> np.ndarray:
-        """Reads the part of our parameter at ``index`` from a safetensors slice handle.
+    def _plan(self, index: tuple[slice, ...]):
+        """The HF index a part of our parameter reads, the read's view and the in-memory slice.
 
-        Only the HF rows (and columns) the part needs are read: a leading view dim of each group
-        maps to a contiguous HF range; inner dims of a group are sliced after the read.
+        A leading view dim of each group maps to a contiguous HF range; inner dims of a group
+        are sliced after the read.
         """
         ours_shape = self.our_shape
         index = tuple(index) + (slice(None),) * (len(ours_shape) - len(index))
@@ -259,8 +263,20 @@ class TensorMap:
             inner.append(slice(None))
             inner.extend(slice(*view_ranges[v + k]) for k in range(1, len(group)))
             v += len(group)
-        data = np.asarray(hf_slice[tuple(hf_index)])
-        return data.reshape(local_view)[tuple(inner)].transpose(self.perm)
+        return tuple(hf_index), tuple(local_view), tuple(inner)
+
+    def hf_index(self, index: tuple[slice, ...]) -> tuple[slice, ...]:
+        """The part of the HF tensor that ``read(..., index)`` reads from the file."""
+        return self._plan(index)[0]
+
+    def read(self, hf_slice: Any, index: tuple[slice, ...]) -> np.ndarray:
+        """Reads the part of our parameter at ``index`` from a safetensors slice handle.
+
+        Only the HF rows (and columns) the part needs are read (``hf_index``).
+        """
+        hf_index, local_view, inner = self._plan(index)
+        data = np.asarray(hf_slice[hf_index])
+        return data.reshape(local_view)[inner].transpose(self.perm)
 
 
 def tensor_maps(cfg: ModelConfig, *, prefix: tuple = ()) -> dict[tuple, TensorMap]:
@@ -413,12 +429,124 @@ def _layer_maps(
     return [maps[(*path[: k + 1], i, *path[k + 1 :])] for i in range(num_layers)]
 
 
-def _load_into(model_ctor, cfg: ModelConfig, ckpt: pathlib.Path, mesh: Mesh | None, prefix=()):
+def _union_length(spans: list[tuple[int, int]]) -> int:
+    total, reach = 0, 0
+    for a, b in sorted(spans):
+        total += max(b - max(a, reach), 0)
+        reach = max(reach, b)
+    return total
+
+
+def _most_read_by_a_process(
+    sharding: jax.sharding.Sharding,
+    shape: Sequence[int],
+    hf_index_of: Callable[[tuple[slice, ...]], tuple[slice, ...]],
+    hf_shape: Sequence[int],
+    process_of: Callable[[Any], int],
+) -> int:
+    """The most elements of an HF tensor (row-major, ``hf_shape``) that one process reads.
+
+    Each device of ``sharding`` (over an array of ``shape``) reads ``hf_index_of(its index)``;
+    a read costs its span in the file, first to last element (what a range request or the page
+    cache fetches: a column block of every row spans the whole tensor), and a process reads the
+    union of its devices' spans.
+    """
+    strides = [math.prod(hf_shape[i + 1 :]) for i in range(len(hf_shape))]
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for device, index in sharding.devices_indices_map(tuple(shape)).items():
+        ranges = [s.indices(n)[:2] for s, n in zip(hf_index_of(index), hf_shape, strict=True)]
+        if any(a >= b for a, b in ranges):
+            continue
+        first = sum(a * st for (a, _), st in zip(ranges, strides, strict=True))
+        last = sum((b - 1) * st for (_, b), st in zip(ranges, strides, strict=True))
+        spans.setdefault(process_of(device), []).append((first, last + 1))
+    return max((_union_length(s) for s in spans.values()), default=0)
+
+
+def _row_sharding(mesh: Mesh, rows: int, ndim: int, row_dim: int) -> NamedSharding | None:
+    """Splits an HF-layout array's row dim over as many mesh axes as divide it (None: none do),
+    so each device reads one contiguous row block of the file."""
+    axes, count = [], 1
+    for name in mesh.axis_names:
+        size = mesh.shape[name]
+        if size > 1 and rows % (count * size) == 0:
+            axes.append(name)
+            count *= size
+    if count == 1:
+        return None
+    spec = [None] * ndim
+    spec[row_dim] = tuple(axes)
+    return NamedSharding(mesh, PartitionSpec(*spec))
+
+
+@functools.lru_cache(maxsize=64)
+def _relayout(view_shape: tuple[int, ...], perm: tuple[int, ...], target: NamedSharding):
+    """HF layout -> ours (``TensorMap``'s view and transpose), on the devices, into ``target``."""
+    return jax.jit(lambda x: x.reshape(view_shape).transpose(perm), out_shardings=target)
+
+
+def _load_param(tmaps, parts, spec, sharding, stacked: bool, process_of) -> jax.Array:
+    """One parameter (a stacked layer parameter: its L tensors), read into ``sharding``.
+
+    Each device reads its own slice (``TensorMap.read``) unless that makes some process read
+    more of the file than a row split would: with the hidden dim sharded, a device's slice of
+    q/k/v/gate/up/lm_head is a column block of every row of the HF [out, in] tensor, so each
+    host would read the whole file. Then the HF-layout tensor is read as contiguous row blocks
+    spread over the devices and laid out as ours on the devices (one all-to-all per tensor).
+    """
+    dtype = np.dtype(spec.dtype)
+    tmap = tmaps[0]
+    lead = (len(tmaps),) if stacked else ()
+
+    def per_device(read_one):
+        def read(index):
+            if not stacked:
+                return read_one(0, index).astype(dtype)
+            # A stacked layer parameter: this device's layers, each read as its own.
+            layers = range(*index[0].indices(len(tmaps)))
+            return np.stack([read_one(i, index[1:]).astype(dtype) for i in layers])
+
+        return read
+
+    rows = (
+        _row_sharding(sharding.mesh, tmap.hf_shape[0], len(lead) + len(tmap.hf_shape), len(lead))
+        if isinstance(sharding, NamedSharding) and len(tmap.hf_shape) > 1
+        else None
+    )
+    if rows is not None:
+        hf_shape = (*lead, *tmap.hf_shape)
+        direct = _most_read_by_a_process(
+            sharding, spec.shape, lambda i: tmap.hf_index(i[len(lead) :]), tmap.hf_shape, process_of
+        )
+        split = _most_read_by_a_process(
+            rows, hf_shape, lambda i: i[len(lead) :], tmap.hf_shape, process_of
+        )
+        if split < direct:
+            hf_rows = per_device(lambda i, index: np.asarray(parts[i][index]))
+            loaded = jax.make_array_from_callback(hf_shape, rows, hf_rows)
+            view = (*lead, *tmap.view_shape)
+            perm = (*range(len(lead)), *(p + len(lead) for p in tmap.perm))
+            value = _relayout(view, perm, sharding)(loaded)
+            loaded.delete()
+            return value
+    ours = per_device(lambda i, index: tmaps[i].read(parts[i], index))
+    return jax.make_array_from_callback(spec.shape, sharding, ours)
+
+
+def _load_into(
+    model_ctor,
+    cfg: ModelConfig,
+    ckpt: pathlib.Path,
+    mesh: Mesh | None,
+    prefix=(),
+    process_of: Callable[[Any], int] | None = None,
+):
     abstract = nnx.eval_shape(model_ctor)
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
         shardings = nnx.to_flat_state(sharding_lib.state_shardings(state, mesh))
         shardings = dict(zip(shardings.paths, shardings.leaves, strict=True))
+    process_of = process_of or (lambda d: d.process_index)
     maps = tensor_maps(cfg, prefix=prefix)
     files = _tensor_files(ckpt)
     used = set()
@@ -441,18 +569,7 @@ def _load_into(model_ctor, cfg: ModelConfig, ckpt: pathlib.Path, mesh: Mesh | No
                     what = f"param {_describe(path)}"
                     parts.append(reader.slice(tmap.hf_name, tmap.hf_shape, what))
                     used.add(tmap.hf_name)
-                dtype = np.dtype(spec.dtype)
-
-                def read(index, tmaps=tmaps, parts=parts, dtype=dtype, stacked=stacked):
-                    if not stacked:
-                        return tmaps[0].read(parts[0], index).astype(dtype)
-                    # A stacked layer parameter: this device's layers, each read as its own.
-                    layers = range(*index[0].indices(len(tmaps)))
-                    return np.stack(
-                        [tmaps[i].read(parts[i], index[1:]).astype(dtype) for i in layers]
-                    )
-
-                value = jax.make_array_from_callback(spec.shape, sharding, read)
+                value = _load_param(tmaps, parts, spec, sharding, stacked, process_of)
             var.set_value(value)
     unused = sorted(set(files) - used - {"lm_head.weight"})
     if unused:
@@ -461,15 +578,25 @@ def _load_into(model_ctor, cfg: ModelConfig, ckpt: pathlib.Path, mesh: Mesh | No
 
 
 def load_hf_model(
-    path: str | pathlib.Path, *, mesh: Mesh | None = None, **overrides
+    path: str | pathlib.Path,
+    *,
+    mesh: Mesh | None = None,
+    process_of: Callable[[Any], int] | None = None,
+    **overrides,
 ) -> Qwen2ForCausalLM:
     """A Qwen2ForCausalLM with the weights of a local Hugging Face checkpoint directory.
 
     Args:
       path: directory with config.json and model.safetensors (or model.safetensors.index.json
         plus its shards).
-      mesh: place each parameter as ``agentrl_jax.sharding`` says; each device reads only its
-        own slice. Without a mesh, everything goes to the first device.
+      mesh: place each parameter as ``agentrl_jax.sharding`` says. Each host reads about its
+        share of each sharded tensor, as contiguous rows of the file: a device reads its own
+        slice where that is a row block, else (the hidden dim sharded across hosts: q/k/v/
+        gate/up/lm_head's slices are column blocks of the HF [out, in] tensor) the devices read
+        row blocks and the tensor is laid out on the devices. Without a mesh, everything goes
+        to the first device.
+      process_of: the process of a device, which decides what a host reads (default: its
+        ``process_index``; a test can map the fake devices of one process to pretended hosts).
       **overrides: ModelConfig fields, e.g. ``dtype=jnp.bfloat16, param_dtype=jnp.bfloat16``
         (weights are cast on the host), ``remat="full"`` or ``scan_layers=True`` (the per-layer
         tensors are stacked on a leading layer axis).
@@ -481,16 +608,25 @@ def load_hf_model(
     """
     path = _check_dir(path)
     cfg = load_config(path, **overrides)
-    return _load_into(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh)
+    return _load_into(
+        lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
+    )
 
 
 def load_hf_value_model(
-    path: str | pathlib.Path, *, mesh: Mesh | None = None, **overrides
+    path: str | pathlib.Path,
+    *,
+    mesh: Mesh | None = None,
+    process_of: Callable[[Any], int] | None = None,
+    **overrides,
 ) -> Qwen2ValueModel:
-    """A Qwen2ValueModel whose trunk comes from a causal-LM checkpoint, with a zero value head."""
+    """A Qwen2ValueModel whose trunk comes from a causal-LM checkpoint, with a zero value head
+    (arguments as ``load_hf_model``'s)."""
     path = _check_dir(path)
     cfg = load_config(path, **overrides)
-    return _load_into(lambda: Qwen2ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh)
+    return _load_into(
+        lambda: Qwen2ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
+    )
 
 
 # ---------------------------------------------------------------------------------------------

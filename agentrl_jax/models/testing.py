@@ -38,11 +38,13 @@ def random_hf_checkpoint(
     *,
     seed: int = 0,
     std: float = 0.2,
+    dtype: str = "float32",
 ) -> pathlib.Path:
     """Saves a transformers Qwen2ForCausalLM with random weights (biases and norms included).
 
     ``std`` is large enough that logits vary well beyond float32 noise, so parity tests are
-    meaningful; ``cfg.tie_word_embeddings`` picks the tied or untied variant.
+    meaningful; ``cfg.tie_word_embeddings`` picks the tied or untied variant; ``dtype`` (a torch
+    dtype's name, e.g. ``"bfloat16"`` as Qwen2.5 ships) is what the file stores, cast by torch.
     """
     import torch  # noqa: PLC0415 (test-only dependency)
     import transformers  # noqa: PLC0415
@@ -66,6 +68,7 @@ def random_hf_checkpoint(
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, std)
+    model = model.to(getattr(torch, dtype))
     out_dir = pathlib.Path(out_dir)
     model.save_pretrained(str(out_dir))
     return out_dir

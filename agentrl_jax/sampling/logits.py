@@ -56,7 +56,9 @@ def draw(
     """Draws one token per row.
 
     Args:
-      key: a PRNG key (ignored for greedy).
+      key: a PRNG key, or [B] keys, one per row (ignored for greedy). With a key per row, a
+        row's draw depends on its own key and logits only, not on the other rows of the batch
+        (the rollout keys every episode by its task's position in the task list).
       logits_bv: [B, V] raw policy logits.
       params: the sampling settings.
 
@@ -70,8 +72,24 @@ def draw(
         logprob_b = jnp.zeros(tokens_b.shape, jnp.float32)
     else:
         logp_bv = processed_logprobs(logits_bv, params)
-        tokens_b = jax.random.categorical(key, logp_bv, axis=-1).astype(jnp.int32)
+        if per_row(key):
+            tokens_b = jax.vmap(jax.random.categorical)(key, logp_bv).astype(jnp.int32)
+        else:
+            tokens_b = jax.random.categorical(key, logp_bv, axis=-1).astype(jnp.int32)
         logprob_b = jnp.take_along_axis(logp_bv, tokens_b[:, None], axis=-1)[:, 0]
     policy_bv = jax.nn.log_softmax(logits_bv, axis=-1)
     policy_logprob_b = jnp.take_along_axis(policy_bv, tokens_b[:, None], axis=-1)[:, 0]
     return tokens_b, logprob_b, policy_logprob_b
+
+
+def per_row(key: jax.Array) -> bool:
+    """Whether ``key`` is [B] typed keys (``jax.random.key``), one per row; a raw uint32 key
+    (``PRNGKey``, shape [2]) is always one key."""
+    return jnp.issubdtype(key.dtype, jax.dtypes.prng_key) and key.ndim == 1
+
+
+def fold_in(key: jax.Array, data: int | jax.Array) -> jax.Array:
+    """``jax.random.fold_in`` of a key, or of each of [B] per-row keys, with ``data``."""
+    if per_row(key):
+        return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, data)
+    return jax.random.fold_in(key, data)

@@ -33,7 +33,7 @@ from flax import nnx
 
 from agentrl_jax.models.kv_cache import DecodeCache, KVCache
 from agentrl_jax.models.qwen2 import unroll_layers
-from agentrl_jax.sampling.logits import draw
+from agentrl_jax.sampling.logits import draw, fold_in
 from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
 
 
@@ -98,7 +98,7 @@ def run_turn(
       num_new_b: [B] int32 valid tokens in each chunk row (0: the row is inactive).
       max_new_b: [B] int32 tokens to generate per row, <= width (the caller checked that the
         cache has room for ``lengths + num_new + max_new`` tokens).
-      rng: PRNG key for this turn.
+      rng: PRNG key for this turn, or [B] keys, one per row (``logits.draw``).
       choices_bcl: None, or [B, C, L] int32 (L >= 1) the sequences each row may generate,
         -1 padded; a row whose choices are all -1 is unconstrained.
       share: group prefix sharing: None, or ``(unique_u, source_b)`` [U], [B] int32: only rows
@@ -228,7 +228,7 @@ def run_turn(
     def body(carry: _Carry) -> _Carry:
         # Draw for the rows still generating, then feed the drawn tokens right away: a row
         # that just finished has its last token written to the cache in this same step.
-        carry = record(carry, carry.logits_bv, jax.random.fold_in(rng, carry.step))
+        carry = record(carry, carry.logits_bv, fold_in(rng, carry.step))
         model = nnx.merge(graphdef, state)
         logits_b1v, work = model(
             carry.last_b[:, None], cache=carry.cache, num_new_b=carry.unfed_b.astype(jnp.int32)

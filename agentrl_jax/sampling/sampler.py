@@ -252,7 +252,9 @@ class Sampler:
             after the previous action (the action itself is already in the cache). A row with no
             new tokens is inactive this turn: its cache is untouched and it generates nothing.
           max_new_tokens: tokens to generate, for all rows or per row (0: only prefill).
-          rng: PRNG key for this turn (fold in the turn index for a fresh one each turn).
+          rng: PRNG key for this turn (fold in the turn index for a fresh one each turn), or
+            [B] keys, one per row: each row then draws with its own key, whatever else the
+            batch holds (the rollout's episodes are keyed so, by their place in the task list).
           sampling: overrides the sampler's default settings for this turn.
           choices: constrained decoding: per row, the token sequences it may generate (each
             should end with a stop token), or None for a free row. The row draws from the
@@ -263,10 +265,16 @@ class Sampler:
           TurnOutput with the generated ids, both log-probs, lengths, done reasons, new cache.
 
         Raises:
-          ValueError: on a batch-size mismatch, an id outside the vocabulary, or when a row's
-            conversation so far + new tokens + max_new_tokens does not fit in the cache.
+          ValueError: on a batch-size mismatch (of the rows or the per-row keys), an id outside
+            the vocabulary, or when a row's conversation so far + new tokens + max_new_tokens
+            does not fit in the cache.
         """
         sampling = sampling or self.sampling
+        if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape not in ((), (cache.batch,)):
+            raise ValueError(
+                f"rng has shape {rng.shape}: expected one key or {cache.batch} per-row keys "
+                f"(the cache's batch)"
+            )
         # Waits for the previous turn, whose ids the caller has read anyway.
         lengths_b = np.asarray(cache.lengths)
         chunk_bt, num_new_b, max_new_b, need = self._check_and_pad(

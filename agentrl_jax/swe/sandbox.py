@@ -4,7 +4,8 @@ Two backends build the same jail; ``detect_backend`` picks one, ``AGENTRL_SANDBO
 forces one (the tests force each):
 
 * ``bwrap`` (Debian package ``bubblewrap``): new PID, network, IPC and UTS namespaces, the whole
-  system bind-mounted read-only, a small private ``/tmp``, fresh ``/dev`` and ``/proc``.
+  system bind-mounted read-only, a small private ``/tmp`` and ``/dev/shm``, fresh ``/dev`` and
+  ``/proc``.
 * ``unshare`` (util-linux): the same namespaces made with ``unshare``, then a generated shell
   script remounts every mount read-only and mounts the private ``/tmp``, before dropping to the
   sandbox user. Used where bubblewrap is missing.
@@ -13,10 +14,14 @@ Both run the command as a dedicated non-root uid when the caller is root (``setp
 with every capability dropped and ``no_new_privs``): the process limit (RLIMIT_NPROC) counts per
 real uid and does not bind root at all, so each live sandbox leases its own uid from a small
 pool. A non-root caller keeps its own uid. Around both: ``prlimit`` sets CPU, address-space,
-file-size and process limits; the environment is scrubbed to a minimal PATH/HOME; only the
-workspace is writable; ``hidden`` paths are masked by empty tmpfs (``/root`` by default, and the
-runtime adds the task repositories so the gold patch cannot be read); ``exposed`` paths (the
-Python that runs the tests, when it lives under a hidden path) are bind-mounted back read-only.
+file-size and process limits; a seccomp filter (``seccomp_program``) refuses the few system calls
+that reach past the namespaces (sockets other than IP and netlink: a host daemon's unix socket on
+a visible path, vsock to the VM host; new user namespaces; the kernel keyrings, which are per uid
+and so would carry data from one episode to the next); the environment is scrubbed to a minimal
+PATH/HOME; only the workspace is writable; ``hidden`` paths are masked by empty tmpfs (``/root``
+by default, and the runtime adds the task repositories so the gold patch cannot be read);
+``exposed`` paths (the Python that runs the tests, when it lives under a hidden path) are
+bind-mounted back read-only.
 
 The wall-clock timeout kills the process group we started; the PID namespace's init dies with it
 (``--die-with-parent`` / ``--kill-child``), and the kernel then kills every process left in the
@@ -36,6 +41,8 @@ import selectors
 import shlex
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import sys
 import time
@@ -171,6 +178,78 @@ def default_exposed() -> tuple[str, ...]:
     return tuple(sorted(os.path.realpath(p) for p in paths))
 
 
+# Syscall numbers and audit arch of the machines we run on (x86_64, aarch64).
+_SYSCALLS = {
+    "x86_64": dict(arch=0xC000003E, socket=41, clone=56, unshare=272, clone3=435,
+                   add_key=248, request_key=249, keyctl=250, io_uring_setup=425),
+    "aarch64": dict(arch=0xC00000B7, socket=198, clone=220, unshare=97, clone3=435,
+                    add_key=217, request_key=218, keyctl=219, io_uring_setup=425),
+}  # fmt: skip
+# Socket families a jailed command may open: IP and netlink live in its own network namespace.
+# AF_UNIX is refused because a ro mount does not stop connect() to a host daemon's socket on a
+# visible path, and AF_VSOCK is not namespaced at all (socketpair() stays allowed).
+_SOCKET_FAMILIES = (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK)
+_CLONE_NEWUSER = 0x10000000
+
+
+def seccomp_program(machine: str | None = None) -> bytes:
+    """The jail's seccomp filter as a classic BPF program (``struct sock_filter[]``, native order).
+
+    Refused with EPERM: ``socket()`` of any family but ``_SOCKET_FAMILIES``; ``unshare``/``clone``
+    with CLONE_NEWUSER (a nested user namespace is kernel attack surface and lets the command mount
+    over its own view); ``add_key``/``request_key``/``keyctl`` (a uid's keyring outlives the
+    episode and the next task of that uid could read it); ``io_uring_setup`` (io_uring opens
+    sockets without the ``socket`` call this filter sees). ``clone3`` answers ENOSYS, as in Docker's
+    profile: its flags sit behind a pointer seccomp cannot read, and libc then falls back to
+    ``clone``. Another architecture's ABI (i386 via int 0x80, x32) kills the process.
+
+    Raises:
+      SandboxError: the machine is not one we have syscall numbers for.
+    """
+    machine = machine or os.uname().machine
+    if machine not in _SYSCALLS:
+        raise SandboxError(f"seccomp filter: machine {machine!r} not in {sorted(_SYSCALLS)}")
+    nr = _SYSCALLS[machine]
+    ld, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06  # BPF_LD|W|ABS, BPF_JMP|..|K, BPF_RET|K
+    allow, kill, eperm, enosys = 0x7FFF0000, 0x80000000, 0x00050000 | 1, 0x00050000 | 38
+    arg0, arch_off = 16, 4  # offsetof(struct seccomp_data, args[0]) (low word, little-endian)
+    prog = [(ld, 0, 0, arch_off), (jeq, 1, 0, nr["arch"]), (ret, 0, 0, kill), (ld, 0, 0, 0)]
+    if machine == "x86_64":
+        prog += [(jge, 0, 1, 0x40000000), (ret, 0, 0, kill)]  # x32 numbers share the arch
+    for name in ("add_key", "request_key", "keyctl", "io_uring_setup"):
+        prog += [(jeq, 0, 1, nr[name]), (ret, 0, 0, eperm)]
+    prog += [(jeq, 0, 1, nr["clone3"]), (ret, 0, 0, enosys)]
+    for name in ("unshare", "clone"):  # flags are the first argument of both
+        prog += [(jeq, 0, 3, nr[name]), (ld, 0, 0, arg0), (jset, 0, 1, _CLONE_NEWUSER)]
+        prog += [(ret, 0, 0, eperm), (ld, 0, 0, 0)]  # reload the number for the next check
+    # socket(family, ...): allow the listed families, refuse the rest.
+    n = len(_SOCKET_FAMILIES)
+    prog += [(jeq, 0, n + 2, nr["socket"]), (ld, 0, 0, arg0)]
+    prog += [(jeq, n - i, 0, fam) for i, fam in enumerate(_SOCKET_FAMILIES)]
+    prog += [(ret, 0, 0, eperm), (ret, 0, 0, allow)]
+    return b"".join(struct.pack("=HBBI", *ins) for ins in prog)
+
+
+# Installs the filter (hex in argv[1]) and execs argv[2:]: the unshare backend has no loader of
+# its own (bwrap reads the program from --seccomp FD). It sets no_new_privs, which a filter needs
+# without CAP_SYS_ADMIN; the filter then stays through setpriv's uid drop and every exec.
+_SECCOMP_LOADER = (
+    "import ctypes as c,os,sys\n"
+    "p=bytes.fromhex(sys.argv[1]);b=c.create_string_buffer(p,len(p))\n"
+    "class F(c.Structure):_fields_=[('n',c.c_ushort),('f',c.c_void_p)]\n"
+    "l=c.CDLL(None,use_errno=True);l.prctl(38,1,0,0,0)\n"
+    "if l.prctl(22,2,c.byref(F(len(p)//8,c.addressof(b))),0,0):"
+    "raise OSError(c.get_errno(),'seccomp filter not installed')\n"
+    "os.execvp(sys.argv[2],sys.argv[2:])"
+)
+
+
+def _outermost(paths) -> tuple[str, ...]:
+    """The sorted distinct ``paths`` that are not inside another of them."""
+    paths = sorted(set(paths))
+    return tuple(p for p in paths if not any(p.startswith(o.rstrip("/") + "/") for o in paths))
+
+
 class _UidLease:
     """A uid from the pool, held (flock) for as long as one Sandbox lives."""
 
@@ -230,13 +309,15 @@ class Sandbox:
         ]
         if missing:
             raise SandboxError(f"sandbox backend {self.backend!r} needs {missing} on PATH")
-        self.hidden = tuple(sorted({os.path.realpath(h) for h in hidden if os.path.isdir(h)}))
+        # A path inside another hidden path is already masked (and its mount point gone).
+        self.hidden = _outermost(os.path.realpath(h) for h in hidden if os.path.isdir(h))
         exposed = default_exposed() if exposed is None else exposed
-        exposed = sorted({os.path.realpath(e) for e in exposed if os.path.exists(e)})
+        self._seccomp = seccomp_program()
+        self._loader_python = sys.executable
+        if self.backend == "unshare":  # this interpreter installs the seccomp filter there
+            exposed = (*exposed, *default_exposed())
         # A path inside another exposed path is already visible.
-        self.exposed = tuple(
-            e for e in exposed if not any(e.startswith(o + "/") for o in exposed if o != e)
-        )
+        self.exposed = _outermost(os.path.realpath(e) for e in exposed if os.path.exists(e))
         bin_dir = os.path.dirname(sys.executable)
         self.path = path or f"{bin_dir}:/usr/local/bin:/usr/bin:/bin"
         self.is_root = os.geteuid() == 0
@@ -300,10 +381,18 @@ class Sandbox:
             **(env or {}),
         }
         if self.backend == "bwrap":
-            cmd = self._bwrap_argv(list(argv), cwd, full_env, limits)
+            # bwrap reads the filter from a file descriptor and installs it just before exec.
+            seccomp_fd = os.memfd_create("agentrl-seccomp")
+            try:
+                os.write(seccomp_fd, self._seccomp)
+                os.lseek(seccomp_fd, 0, os.SEEK_SET)
+                cmd = self._bwrap_argv(list(argv), cwd, full_env, limits, seccomp_fd)
+                result = run_capped(cmd, limits, env={"PATH": _HOST_PATH}, pass_fds=(seccomp_fd,))
+            finally:
+                os.close(seccomp_fd)
         else:
             cmd = self._unshare_argv(list(argv), cwd, full_env, limits)
-        result = run_capped(cmd, limits, env={"PATH": _HOST_PATH})
+            result = run_capped(cmd, limits, env={"PATH": _HOST_PATH})
         if self.is_root:
             # The namespace's processes die asynchronously after its init; wait them out so the
             # next command (and the NPROC count) starts from zero.
@@ -337,7 +426,7 @@ class Sandbox:
             ]
         return drop + ["env", "-i", *(f"{k}={v}" for k, v in env.items())]
 
-    def _bwrap_argv(self, argv, cwd, env, limits) -> list[str]:
+    def _bwrap_argv(self, argv, cwd, env, limits, seccomp_fd) -> list[str]:
         cmd = self._prlimit(limits) + ["bwrap"]
         if not self.is_root:
             cmd += ["--unshare-user"]
@@ -346,7 +435,8 @@ class Sandbox:
         cmd += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
         for h in self.hidden:
             cmd += ["--perms", "0755", "--size", str(1 << 20), "--tmpfs", h]
-        cmd += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", "/tmp"]
+        for private in ("/tmp", "/dev/shm"):  # like the unshare backend's: writable, bounded
+            cmd += ["--perms", "1777", "--size", str(limits.tmp_bytes), "--tmpfs", private]
         for e in self.exposed:
             cmd += self._bwrap_parents(e) + ["--ro-bind", e, e]
         cmd += self._bwrap_parents(self.workspace)
@@ -356,6 +446,7 @@ class Sandbox:
             # the real sandbox uid); it drops every capability except what setpriv needs.
             for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP"):
                 cmd += ["--cap-add", cap]
+        cmd += ["--seccomp", str(seccomp_fd)]
         return cmd + ["--"] + self._drop(env) + argv
 
     def _bwrap_parents(self, path: str) -> list[str]:
@@ -413,7 +504,10 @@ class Sandbox:
         ]
         for fd in fds.values():
             lines.append(f"exec {fd}<&-")
-        lines.append("exec " + " ".join(q(a) for a in self._drop(env) + argv))
+        # The filter goes on before the uid drop: still root here, the loader can read an
+        # interpreter the sandbox uid could not reach (under a 0700 /root, say).
+        loader = [self._loader_python, "-I", "-S", "-c", _SECCOMP_LOADER, self._seccomp.hex()]
+        lines.append("exec " + " ".join(q(a) for a in loader + self._drop(env) + argv))
         script = "\n".join(lines)
         cmd = self._prlimit(limits) + ["unshare"]
         if not self.is_root:

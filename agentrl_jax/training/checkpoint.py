@@ -16,6 +16,7 @@ the previous asynchronous write's failure) or ``wait``/``close`` (an asynchronou
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import threading
@@ -226,10 +227,10 @@ class Checkpointer:
         for thread in set(threading.enumerate()) - self._threads_before_write:
             if thread is threading.current_thread():
                 continue
-            try:
+            # orbax's threads re-raise their own failure from join(); the first failure is
+            # the one the caller reports.
+            with contextlib.suppress(Exception):
                 thread.join(max(0.0, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - orbax's threads re-raise their own failure from
-                pass  # join(); the first one is what the caller reports.
 
     def close(self) -> None:
         """Waits for the write under way, then releases orbax's threads (even if it failed)."""

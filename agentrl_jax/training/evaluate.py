@@ -268,7 +268,8 @@ def evaluate(
       greedy: argmax decoding, one episode per task (a greedy group would repeat it G times);
         False samples ``worker.config.group_size`` episodes per task with ``sampling``.
       sampling: the distribution when not greedy (default: the sampler's own).
-      batch_size: episodes played at once (default: the actor pool's capacity, else all).
+      batch_size: episodes played at once at most (default: the worker's waves, which fill
+        its actor pool; a multi-host worker splits them over the processes).
       seed: the run's seed, recorded in the result (the policy's; greedy play needs no key).
 
     Returns:
@@ -280,16 +281,15 @@ def evaluate(
         sampling = SamplingParams(temperature=0.0)
         cfg = dataclasses.replace(worker.config, group_size=1)
         worker = worker.with_config(cfg)
+    # The worker cuts the tasks into waves of its pool (a multi-host worker: each process its
+    # share); ``batch_size`` only caps the episodes of one call. Every episode is keyed by its
+    # task's place in ``tasks`` (task_offset), so the calls' sizes do not change what it plays.
     group = worker.config.group_size
-    # A multi-host worker's capacity is all processes' pools together.
-    capacity = batch_size or worker.capacity or len(tasks) * group
-    per_call = max(1, capacity // group)
+    per_call = max(1, batch_size // group) if batch_size else len(tasks)
     trajs: list[Trajectory] = []
-    for c, start in enumerate(range(0, len(tasks), per_call)):
+    for start in range(0, len(tasks), per_call):
         chunk = list(tasks[start : start + per_call])
-        trajs += worker.run(
-            chunk, jax.random.fold_in(rng, c), sampling=sampling, group_offset=start
-        )
+        trajs += worker.run(chunk, rng, sampling=sampling, task_offset=start)
     return summarize(
         trajs,
         greedy=greedy,

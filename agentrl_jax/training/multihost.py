@@ -3,12 +3,15 @@
 What each process of an N-process run does (docs/architecture.md, "Multi-host"):
 
 - **Rollouts.** The tasks of an RL iteration (and the SFT demonstrations, and the held-out
-  evaluation) are cut into *waves*, the batches of episodes one actor pool plays at once
-  (``RolloutWorker.wave_size``). Process p plays a contiguous block of whole waves
-  (``process_slice``) with its own actor pool and a process-local copy of the policy
-  (``local_copy``: in the compute dtype, split over the process's devices), keyed and grouped
-  by the waves' global positions, so each wave plays exactly as it would inside a single
-  process.
+  evaluation) are dealt out over the processes, as evenly as possible, in whole tasks (a task's
+  group of episodes stays together) and in order; each process cuts its share into *waves*, the
+  batches of episodes its actor pool plays at once (``plan_waves``, ``RolloutWorker.wave_size``),
+  so every process plays in every call that has a task for each. It plays them with its own
+  actor pool and a process-local copy of the policy (``local_copy``: in the compute dtype, split
+  over the process's devices). Every episode is keyed by its task's position in the whole list
+  and its place in the group (``rollout.episode_keys``; the sampler draws each row with its own
+  key) and grouped by that position, so it plays as it would in a single process's waves,
+  whichever wave holds it.
 - **Assembly.** The episodes are all-gathered on the host (``allgather_objects``: token ids and
   rewards, small next to the rollout's cost), so every process holds the iteration's full episode
   list in the single-process order and runs the single-process host code on it: rows, length
@@ -37,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from agentrl_jax import sharding
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.training.rollout import RolloutWorker
+from agentrl_jax.training.rollout import RolloutWorker, cut_waves
 from agentrl_jax.training.trajectory import Trajectory
 
 
@@ -302,11 +305,30 @@ class ProcessInfo:
         return cls(jax.process_index(), jax.process_count())
 
 
+def plan_waves(num_tasks: int, per_wave: int, process_count: int) -> list[list[slice]]:
+    """The waves each process plays of ``num_tasks`` tasks, ``per_wave`` tasks at most per wave.
+
+    The tasks are first dealt out over the processes as evenly as possible, in whole tasks (a
+    task's group of episodes is never split) and in order (``process_slice``); each process then
+    cuts its share into waves its own actor pool holds. Every process thus plays in every call
+    that has at least one task per process, and as few waves as the largest share needs.
+
+    Returns:
+      Per process, in process order, its waves as slices of the task list: the waves of all
+      processes in order are the tasks in order, each task once.
+    """
+    if per_wave < 1:
+        raise ValueError(f"per_wave={per_wave}: expected >= 1 tasks per wave")
+    shares = [process_slice(num_tasks, 1, p, process_count) for p in range(process_count)]
+    return [cut_waves(share.start, share.stop, per_wave) for share in shares]
+
+
 class ShardedRolloutWorker(RolloutWorker):
-    """A RolloutWorker whose ``run`` plays only this process's waves, then gathers everyone's.
+    """A RolloutWorker whose ``run`` plays only this process's share, then gathers everyone's.
 
     The result is the single-process ``run``'s: the same episodes in the same (task-major)
-    order, the same group ids, each wave keyed by its global position.
+    order, the same group ids, each episode keyed by its task's global position
+    (``rollout.episode_keys``), so it plays the same whichever process and wave hold it.
     """
 
     def __init__(self, *args, process: ProcessInfo | None = None, **kwargs):
@@ -319,37 +341,14 @@ class ShardedRolloutWorker(RolloutWorker):
         local = getattr(self.pool, "capacity", None)
         return None if local is None else local * self.process.count
 
-    def run(
-        self,
-        tasks,
-        rng,
-        *,
-        sampling=None,
-        group_offset: int = 0,
-        expert: bool = False,
-        group_size: int | None = None,
-        task_offset: int = 0,
-    ) -> list[Trajectory]:
-        group_size = group_size or self.config.group_size
-        tasks = list(tasks)
-        mine = process_slice(
-            len(tasks),
-            self.wave_size(len(tasks), group_size),
-            self.process.index,
-            self.process.count,
-        )
-        local: list[Trajectory] = []
-        if mine.start < mine.stop:
-            local = super().run(
-                tasks[mine],
-                rng,
-                sampling=sampling,
-                group_offset=group_offset,
-                expert=expert,
-                group_size=group_size,
-                task_offset=task_offset + mine.start,
-            )
-        return [t for block in allgather_objects(local) for t in block]
+    def waves(self, num_tasks: int, per_wave: int) -> list[slice]:
+        """This process's waves of the list (``plan_waves``): its share, cut to fit its pool."""
+        return plan_waves(num_tasks, per_wave, self.process.count)[self.process.index]
+
+    def gather(self, played: list[Trajectory]) -> list[Trajectory]:
+        """Every process's episodes, in process order: the list's episodes in order (a
+        collective: every process calls it, one with no share too)."""
+        return [t for block in allgather_objects(played) for t in block]
 
 
 __all__ = [
@@ -367,6 +366,7 @@ __all__ = [
     "local_copy",
     "local_mesh",
     "payload_bucket",
+    "plan_waves",
     "process_devices",
     "process_rows",
     "process_slice",

@@ -111,10 +111,7 @@ def memory_plan(
             f"{len(devices)} are visible"
         )
     mesh = sharding.make_mesh(mesh_shape, devices[: math.prod(mesh_shape)])
-    if local_devices is not None and (local_devices < 1 or mesh.size % local_devices):
-        raise ValueError(
-            f"local_devices={local_devices}: expected a divisor of the mesh's {mesh.size} devices"
-        )
+    check_local_devices(local_devices, mesh.size)
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     critic = None
@@ -191,6 +188,14 @@ def sampler_copy(model_cfg, policy, mesh, local_devices=None):
         return jax.ShapeDtypeStruct(x.shape, kept, sharding=target)
 
     return mesh, jax.tree.map(cast, policy, targets), True
+
+
+def check_local_devices(local_devices: int | None, num_devices: int) -> None:
+    """Raises ValueError unless ``local_devices`` is None or divides ``num_devices``."""
+    if local_devices is not None and (local_devices < 1 or num_devices % local_devices):
+        raise ValueError(
+            f"local_devices={local_devices}: expected a divisor of the mesh's {num_devices} devices"
+        )
 
 
 def iteration_rows(config: RunConfig) -> int:
@@ -398,4 +403,12 @@ def format_table(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["memory_plan", "format_table", "iteration_rows", "rollout_batch", "device_bytes"]
+__all__ = [
+    "check_local_devices",
+    "device_bytes",
+    "format_table",
+    "iteration_rows",
+    "memory_plan",
+    "rollout_batch",
+    "sampler_copy",
+]

@@ -31,6 +31,7 @@ import numpy as np
 
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.sampling import SamplingParams
+from agentrl_jax.sampling.logits import fold_in
 from agentrl_jax.training.chat import ChatTemplate
 from agentrl_jax.training.trajectory import Step, Trajectory
 
@@ -174,28 +175,38 @@ class RolloutWorker:
         demonstrations): its command is encoded once and closed with the stop token, and the
         contexts are built exactly as for the policy, so demonstrations and rollouts match.
 
-        ``task_offset`` is the position of ``tasks[0]`` in a longer task list that this call
-        plays a slice of (a multi-host process's share, starting on a wave boundary): each wave
-        is keyed and grouped by its position in the whole list, so the slice plays exactly as it
-        would inside the whole list.
+        The tasks are played in waves of at most ``wave_size`` tasks. Every episode draws with
+        its own key (``episode_keys``: ``rng``, its task's position, its place in the group),
+        so an episode plays the same whichever wave holds it. ``task_offset`` is the position of
+        ``tasks[0]`` in a longer task list that this call plays a slice of (a multi-host
+        process's share): the slice's episodes are keyed and grouped by their positions in the
+        whole list, so they play exactly as they would inside it.
         """
         group_size = group_size or self.config.group_size
-        per_wave = self.wave_size(len(tasks), group_size)
+        tasks = list(tasks)
         out = []
-        for start in range(0, len(tasks), per_wave):
-            first = task_offset + start
+        for wave in self.waves(len(tasks), self.wave_size(len(tasks), group_size)):
+            first = task_offset + wave.start
             out += self._run_wave(
-                tasks[start : start + per_wave],
-                jax.random.fold_in(rng, first),
+                tasks[wave],
+                episode_keys(rng, first, wave.stop - wave.start, group_size),
                 sampling=sampling,
                 group_offset=group_offset + first,
                 expert=expert,
                 group_size=group_size,
             )
-        return out
+        return self.gather(out)
 
-    def _run_wave(self, tasks, rng, *, sampling, group_offset, expert, group_size):
-        """One batch of episodes that fits the pool at once."""
+    def waves(self, num_tasks: int, per_wave: int) -> list[slice]:
+        """The waves this worker plays of a list of ``num_tasks`` tasks: all of them, in order."""
+        return cut_waves(0, num_tasks, per_wave)
+
+    def gather(self, played: list[Trajectory]) -> list[Trajectory]:
+        """The whole list's episodes from the ones this worker played (here: all of them)."""
+        return played
+
+    def _run_wave(self, tasks, keys, *, sampling, group_offset, expert, group_size):
+        """One batch of episodes that fits the pool at once (``keys``: one per episode)."""
         cfg = self.config
         episodes = [t for t in tasks for _ in range(group_size)]
         trajs = [
@@ -265,7 +276,7 @@ class RolloutWorker:
                     cache,
                     feed,
                     cfg.max_new_tokens,
-                    jax.random.fold_in(rng, turn),
+                    fold_in(keys, turn),
                     sampling=sampling,
                     **kwargs,
                 )
@@ -372,6 +383,29 @@ class RolloutWorker:
 
     def _decode_action(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+
+def cut_waves(start: int, stop: int, per_wave: int) -> list[slice]:
+    """Tasks ``start .. stop`` cut in order into waves of ``per_wave`` (the last may be short)."""
+    return [slice(s, min(s + per_wave, stop)) for s in range(start, stop, per_wave)]
+
+
+def episode_keys(rng: jax.Array, first: int, num_tasks: int, group_size: int) -> jax.Array:
+    """[num_tasks * group_size] keys of the episodes of tasks ``first ..``, task-major.
+
+    Episode j of the task at position t of the task list draws with
+    ``fold_in(fold_in(rng, t), j)``: its randomness depends on where its task stands in the
+    list, never on which wave (or which process) plays it.
+    """
+    tasks = np.repeat(np.arange(first, first + num_tasks, dtype=np.int32), group_size)
+    members = np.tile(np.arange(group_size, dtype=np.int32), num_tasks)
+    return _fold_twice(rng, tasks, members)
+
+
+@jax.jit
+def _fold_twice(rng, tasks, members):
+    fold = jax.vmap(jax.random.fold_in, in_axes=(0, 0))
+    return fold(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, tasks), members)
 
 
 def _empty_step(info) -> Step:
