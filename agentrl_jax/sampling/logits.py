@@ -82,6 +82,14 @@ def draw(
     return tokens_b, logprob_b, policy_logprob_b
 
 
+def as_typed_key(key: jax.Array) -> jax.Array:
+    """``key`` as typed keys: a raw ``jax.random.PRNGKey`` (uint32 [..., 2]) is wrapped, so a
+    raw [B, 2] array is B per-row keys as a typed [B] one is."""
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    return jax.random.wrap_key_data(key)
+
+
 def per_row(key: jax.Array) -> bool:
     """Whether ``key`` is [B] typed keys (``jax.random.key``), one per row; a raw uint32 key
     (``PRNGKey``, shape [2]) is always one key."""

@@ -18,6 +18,7 @@ from jax.sharding import Mesh
 from agentrl_jax import sharding
 from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.sampling import buckets as bk
+from agentrl_jax.sampling.logits import as_typed_key
 from agentrl_jax.sampling.loop import TurnArrays, run_turn
 from agentrl_jax.sampling.params import SamplingParams, StopConfig
 
@@ -219,7 +220,8 @@ class Sampler:
             choices = jax.ShapeDtypeStruct((b, count, width), jnp.int32)
         rows = lambda *shape: jax.ShapeDtypeStruct((b, *shape), jnp.int32)  # noqa: E731
         fn = self._turn_fn(sampling or self.sampling, width, slots or cache.size, False)
-        rng = jax.eval_shape(lambda: jax.random.key(0))
+        # One key per row, as rollouts pass them (``rollout.episode_keys``).
+        rng = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b))
         with sharding.mesh_context(self.mesh):
             return fn.lower(self.state, cache, rows(chunk), rows(), rows(), rng, choices, None)
 
@@ -270,7 +272,8 @@ class Sampler:
             does not fit in the cache.
         """
         sampling = sampling or self.sampling
-        if jnp.issubdtype(rng.dtype, jax.dtypes.prng_key) and rng.shape not in ((), (cache.batch,)):
+        rng = as_typed_key(rng)
+        if rng.shape not in ((), (cache.batch,)):
             raise ValueError(
                 f"rng has shape {rng.shape}: expected one key or {cache.batch} per-row keys "
                 f"(the cache's batch)"

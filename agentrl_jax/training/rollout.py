@@ -31,7 +31,7 @@ import numpy as np
 
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.sampling import SamplingParams
-from agentrl_jax.sampling.logits import fold_in
+from agentrl_jax.sampling.logits import as_typed_key, fold_in
 from agentrl_jax.training.chat import ChatTemplate
 from agentrl_jax.training.trajectory import Step, Trajectory
 
@@ -399,7 +399,7 @@ def episode_keys(rng: jax.Array, first: int, num_tasks: int, group_size: int) ->
     """
     tasks = np.repeat(np.arange(first, first + num_tasks, dtype=np.int32), group_size)
     members = np.tile(np.arange(group_size, dtype=np.int32), num_tasks)
-    return _fold_twice(rng, tasks, members)
+    return _fold_twice(as_typed_key(rng), tasks, members)
 
 
 @jax.jit
