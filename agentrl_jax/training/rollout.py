@@ -18,7 +18,10 @@ Context modes:
   (encoded once at reset), then the stored ids of the last ``history_turns`` turns (observation
   and action, as they were first encoded), then the new observation; the goal is always in view,
   however old the turn that stated it. Oldest turns are dropped first until the context fits
-  ``max_seq_len`` (``truncated`` is then set on the step's info as ``context_truncated``).
+  ``max_seq_len`` (``truncated`` is then set on the step's info as ``context_truncated``). An
+  observation that does not fit even alone with the header (and ``max_new_tokens``) ends the
+  episode there, marked ``truncated``, as in ``episode`` mode; one at the reset leaves an
+  episode of no step (counted in ``rollout/truncated``, never trained on).
 """
 
 from __future__ import annotations
@@ -236,17 +239,17 @@ class RolloutWorker:
                 if cfg.context_mode == "episode":
                     ids = (self.system_ids if turn == 0 else []) + pending_ids[i]
                     if used[i] + len(ids) + cfg.max_new_tokens > cfg.max_seq_len:
-                        trajs[i].truncated = True
-                        trajs[i].steps.pop()  # the observation that did not fit gets no action
-                        trajs[i].final_obs_ids = pending_ids[i]
-                        live[i] = False
-                        feed.append([])
-                        continue
-                    feed.append(ids)
+                        ids = None
                 else:
-                    feed.append(
-                        self._step_context(headers[i], history[i], pending_ids[i], trajs[i])
-                    )
+                    ids = self._step_context(headers[i], history[i], pending_ids[i], trajs[i])
+                if ids is None:  # the context is full: the episode ends here, cut
+                    trajs[i].truncated = True
+                    trajs[i].steps.pop()  # the observation that did not fit gets no action
+                    trajs[i].final_obs_ids = pending_ids[i]
+                    live[i] = False
+                    feed.append([])
+                    continue
+                feed.append(ids)
             if not any(feed):
                 break
             allowed = None  # per episode, per action token: the ids the draw allowed
@@ -326,19 +329,20 @@ class RolloutWorker:
                 traj.final_obs_ids = pending_ids[i]
         return trajs
 
-    def _step_context(self, header, history, obs_ids, traj) -> list[int]:
-        """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted."""
+    def _step_context(self, header, history, obs_ids, traj) -> list[int] | None:
+        """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted.
+
+        None when the header, the observation and ``max_new_tokens`` alone exceed
+        ``max_seq_len``: no context holds this turn, so the episode ends there (truncated).
+        """
         cfg = self.config
-        keep = history[-cfg.history_turns :] if cfg.history_turns else []
         budget = cfg.max_seq_len - cfg.max_new_tokens - len(header) - len(obs_ids)
+        if budget < 0:
+            return None
+        keep = history[-cfg.history_turns :] if cfg.history_turns else []
         while keep and sum(len(t) for t in keep) > budget:
             keep = keep[1:]
             traj.steps[-1].info["context_truncated"] = True
-        if budget < 0:
-            raise ValueError(
-                f"an observation of {len(obs_ids)} tokens does not fit rollout.max_seq_len="
-                f"{cfg.max_seq_len} with max_new_tokens={cfg.max_new_tokens}"
-            )
         return header + [t for turn in keep for t in turn] + obs_ids
 
     def _choices(self, obs: Observation) -> list[list[int]] | None:

@@ -61,25 +61,28 @@ from agentrl_jax.training.watchdog import Watchdog
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """Return, success, length, truncation and infrastructure failures of a batch of episodes.
 
+    Rates and means are over the episodes the pool did not lose, including those a full context
+    ended before their first action (no step: ``rollout/truncated``, nothing to train on).
     ``rollout/singleton_groups`` counts the groups that failures left with one episode: a group
     estimator (GRPO, RLOO, GiGPO, GAGPO) gives such an episode advantage 0, so it trains nothing.
     """
-    good = [t for t in trajs if not t.infra_failure and t.steps]
+    counted = [t for t in trajs if not t.infra_failure]
+    good = [t for t in counted if t.steps]
     played = collections.Counter(t.group for t in trajs)
     kept = collections.Counter(t.group for t in good)
     out = {
         "rollout/episodes": float(len(trajs)),
-        "rollout/infra_failures": float(len(trajs) - len(good)),
+        "rollout/infra_failures": float(len(trajs) - len(counted)),
         "rollout/singleton_groups": float(sum(kept[g] == 1 < played[g] for g in kept)),
     }
-    if good:
+    if counted:
         out.update(
             {
-                "rollout/return": float(np.mean([t.episode_return for t in good])),
-                "rollout/success_rate": float(np.mean([t.won for t in good])),
-                "rollout/episode_length": float(np.mean([len(t.steps) for t in good])),
-                "rollout/truncated": float(np.mean([t.truncated for t in good])),
-                "rollout/tokens_per_episode": float(np.mean([t.num_tokens for t in good])),
+                "rollout/return": float(np.mean([t.episode_return for t in counted])),
+                "rollout/success_rate": float(np.mean([t.won for t in counted])),
+                "rollout/episode_length": float(np.mean([len(t.steps) for t in counted])),
+                "rollout/truncated": float(np.mean([t.truncated for t in counted])),
+                "rollout/tokens_per_episode": float(np.mean([t.num_tokens for t in counted])),
             }
         )
     return out
@@ -615,7 +618,11 @@ class Trainer:
         metrics = rollout_metrics(trajs)
         metrics["curriculum/stage"] = float(self.curriculum.stage)
         if not good:
-            logging.warning("iteration %d: no usable episode (all infrastructure failures)", it)
+            logging.warning(
+                "iteration %d: no usable episode (infrastructure failures, or episodes a full "
+                "context ended before their first action)",
+                it,
+            )
             self.curriculum.update([])
             return metrics
 
