@@ -358,4 +358,4 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     assert len(events) == 1, events
     # Only process 0 reports.
     assert "| simple |" in text0 and "| simple |" not in text1
-    assert "eval after_rl" in text0 and "eval after_rl" not in text1
+    assert "evaluation after_rl done" in text0 and "evaluation after_rl" not in text1

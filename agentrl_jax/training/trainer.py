@@ -88,6 +88,26 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     return out
 
 
+def iteration_summary(iteration: int, total: int, metrics: dict[str, float]) -> str:
+    """The console's line for one RL iteration (``rl 3/12: success 0.50, ...``)."""
+
+    def get(key: str) -> float:
+        return metrics.get(key, float("nan"))
+
+    parts = [
+        f"success {get('rollout/success_rate'):.2f}",
+        f"return {get('rollout/return'):.3f}",
+        f"{get('rollout/episodes'):.0f} episodes "
+        f"({get('rollout/infra_failures'):.0f} infra failures, "
+        f"{100 * get('rollout/truncated'):.0f}% truncated)",
+        f"policy loss {get('losses/policy_loss'):.4f}",
+        f"rollout {get('time/rollout_s'):.1f} s, update {get('time/update_s'):.1f} s",
+    ]
+    if "eval/success_rate" in metrics:
+        parts.append(f"eval success {metrics['eval/success_rate']:.2f}")
+    return f"rl {iteration}/{total}: " + ", ".join(parts)
+
+
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 # The frozen KL reference policy's item beside the numbered checkpoints (written once).
 REFERENCE = "reference"
@@ -528,6 +548,13 @@ class Trainer:
             from tqdm.auto import tqdm
 
             done = int(self.sft_state.step)
+            logging.info(
+                "SFT: %d steps (%d epochs of %d batches of %d)",
+                total,
+                cfg.sft.epochs,
+                dataset.batches_per_epoch,
+                cfg.sft.batch_size,
+            )
             bar = tqdm(
                 iterator, desc="sft", initial=done, total=total, disable=not multihost.is_primary()
             )
@@ -569,6 +596,16 @@ class Trainer:
         from tqdm.auto import tqdm
 
         start = int(self.meta["rl_iteration"])
+        if start < total:
+            logging.info(
+                "RL: iterations %d-%d of %d, %d tasks x %d rollouts each (%s)",
+                start + 1,
+                total,
+                total,
+                cfg.rl.tasks_per_iteration,
+                cfg.rollout.group_size,
+                cfg.rl.algo,
+            )
         bar = tqdm(
             range(start, total),
             desc="rl",
@@ -585,6 +622,7 @@ class Trainer:
                 metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}", report=last))
             if last:
                 self.meta["phase"] = "done"
+            logging.info("%s", iteration_summary(it + 1, total, metrics))
             self.writer.scalars(metrics, it + 1)
             self.writer.flush()
             if metrics.get("train/skipped_nonfinite", 0.0) > 0:
@@ -666,6 +704,11 @@ class Trainer:
         sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
         if report:
             sets += [("report", key, tasks) for key, tasks in self.report_tasks.items()]
+        logging.info(
+            "evaluation %s: %s",
+            name,
+            ", ".join(f"{level} ({len(tasks)} games)" for _, level, tasks in sets),
+        )
         out, results, played = {}, {}, {}
         for prefix, level, tasks in sets:
             ids = tuple((t.split, t.id) for t in tasks)
@@ -684,7 +727,12 @@ class Trainer:
             out[f"{prefix}/{level}/mean_return"] = overall.mean_return
         out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.meta["evals"][name] = {level: r.to_json() for level, r in results.items()}
-        logging.info("eval %s: %s", name, {k: round(v, 3) for k, v in out.items()})
+        summary = [
+            f"{level} success {r.success_rate:.2f} ({r.overall.wins}/{r.overall.episodes}, "
+            f"{r.overall.mean_steps:.1f} steps, {r.overall.infra_failures} infra failures)"
+            for level, r in results.items()
+        ]
+        logging.info("evaluation %s done: %s", name, "; ".join(summary))
         return out
 
     def before_after_results(
