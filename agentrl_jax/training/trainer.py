@@ -51,7 +51,7 @@ from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.curriculum import Curriculum
 from agentrl_jax.training.learner import Learner, LossWeights
 from agentrl_jax.training.rl_update import RLUpdate
-from agentrl_jax.training.rollout import RolloutWorker, render_observation
+from agentrl_jax.training.rollout import Episode, RolloutWorker, play_wave, render_observation
 from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
@@ -106,6 +106,35 @@ def iteration_summary(iteration: int, total: int, metrics: dict[str, float]) -> 
     if "eval/success_rate" in metrics:
         parts.append(f"eval success {metrics['eval/success_rate']:.2f}")
     return f"rl {iteration}/{total}: " + ", ".join(parts)
+
+
+class _ExpertTexts:
+    """``play_wave``'s actor for the tokenizer's corpus: the env's expert plays, and each
+    observation (as the agent reads it, with the admissible commands) and command is kept."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def start(self, ep: Episode) -> None:
+        pass
+
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
+        actions: list[str | None] = []
+        for ep in episodes:
+            if not ep.live:
+                actions.append(None)
+                continue
+            self.texts.append(render_observation(ep.obs, first=turn == 0, show_admissible=True))
+            action = ep.info.get("expert_action") or None
+            if action:
+                self.texts.append(action)
+            else:
+                ep.live = False  # no expert here: the episode ends
+            actions.append(action)
+        return actions
+
+    def observe(self, ep: Episode, result) -> None:
+        pass
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -368,33 +397,12 @@ class Trainer:
         """Observation and command text of expert episodes on the train tasks."""
         tasks = [t for level in self.train_tasks.values() for t in level]
         texts = [self.config.rollout.system_prompt]
+        actor = _ExpertTexts(texts)
         for start in range(0, len(tasks), self.pool.capacity):
             batch = tasks[start : start + self.pool.capacity]
-            results = self.pool.reset(batch)
-            live = [not r.infra_failure for r in results]
-            first = True
-            for _ in range(self.config.rollout.max_turns):
-                actions = []
-                for i, r in enumerate(results):
-                    if not live[i] or r is None:
-                        actions.append(None)
-                        continue
-                    texts.append(
-                        render_observation(r.observation, first=first, show_admissible=True)
-                    )
-                    action = r.info.get("expert_action")
-                    actions.append(action)
-                    if action:
-                        texts.append(action)
-                    else:
-                        live[i] = False
-                first = False
-                if not any(a is not None for a in actions):
-                    break
-                results = self.pool.step(actions)
-                for i, r in enumerate(results):
-                    if r is not None and (r.done or r.infra_failure):
-                        live[i] = False
+            play_wave(
+                self.pool, [Episode(task=t) for t in batch], self.config.rollout.max_turns, actor
+            )
         return texts
 
     def _policy(self) -> Qwen2ForCausalLM:
