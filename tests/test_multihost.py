@@ -357,5 +357,5 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     events = [n for n in os.listdir(two / "tensorboard") if "tfevents" in n]
     assert len(events) == 1, events
     # Only process 0 reports.
-    assert "| simple |" in text0 and "| simple |" not in text1
+    assert "| simple@test |" in text0 and "| simple@test |" not in text1  # the report table
     assert "evaluation after_rl done" in text0 and "evaluation after_rl" not in text1
