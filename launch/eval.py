@@ -14,7 +14,8 @@ episodes, evaluations marked).
 ``--split``: a held-out split of the env (TextWorld: ``valid``, the tuning split, or ``test``,
 the reporting one; default: the run's evaluation split). ``--decoding``: ``constrained`` (the
 policy writes one of the env's admissible commands; the env must list them) or ``free`` (default:
-the run's). Reports are named ``eval_<split>[_<decoding>]_<level>_<split>``.
+the run's). Reports are named ``eval_<split>[_<decoding>]_<level>_<split>``. Library logs
+(orbax, JAX) go to ``WORKDIR/logs/eval.log``, not the console (``--alsologtostderr``: both).
 """
 
 import json
@@ -24,7 +25,7 @@ import jax
 import ml_collections
 from absl import app, flags
 
-from agentrl_jax.training import cli
+from agentrl_jax.training import cli, logs
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.config import ConfigError, from_config_dict
 from agentrl_jax.training.tasks import HELD_OUT_SPLITS
@@ -46,12 +47,14 @@ _NUM_TASKS = flags.DEFINE_integer("num_tasks", None, "Tasks per level (default: 
 
 def main(argv):
     del argv
+    logs.setup()  # library logs (orbax's restore, JAX) go to WORKDIR/logs/eval.log
     workdir = _WORKDIR.value
     if not workdir:
         cli.fail("eval: --workdir=DIR (a launch.train workdir) is required")
     config_path = os.path.join(workdir, "config.json")
     if not os.path.isfile(config_path):
         cli.fail(f"eval: {config_path} not found; is {workdir!r} a launch.train workdir?")
+    logs.to_workdir(workdir, "eval")
     with open(config_path) as f:
         cd = ml_collections.ConfigDict(json.load(f))
     if _ENV.value and _ENV.value != cd.env.name:

@@ -8,11 +8,13 @@ the same command resumes: finished cells (their ``done`` marker) are not run aga
 cell continues from its last checkpoint. Writes ``WORKDIR/results.json``, ``results.md`` and
 ``learning_curve.png``. ``--parallel=2`` runs two cells at once (each needs the memory of one
 run: about 4.5 GB for the tiny default). The study file format: ``agentrl_jax/training/study.py``.
+Each cell's console output is its ``train.log`` (its library logs: ``run/logs/train.log``); the
+study's own library logs go to ``WORKDIR/logs/study.log``.
 """
 
 from absl import app, flags
 
-from agentrl_jax.training import cli
+from agentrl_jax.training import cli, logs
 from agentrl_jax.training import study as study_lib
 
 _STUDY = flags.DEFINE_string("study", None, "A configs/studies/NAME.py file.")
@@ -24,9 +26,11 @@ def main(argv):
     del argv
     if not _STUDY.value or not _WORKDIR.value:
         cli.fail("study: --study=configs/studies/NAME.py and --workdir=DIR are required")
+    logs.setup()
     try:
         study = study_lib.load_study(_STUDY.value)
         cli.usable_workdir(_WORKDIR.value)
+        logs.to_workdir(_WORKDIR.value, "study")
         study_lib.run_study(
             study, _WORKDIR.value, parallel=_PARALLEL.value, log=lambda m: print(m, flush=True)
         )

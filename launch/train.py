@@ -30,6 +30,11 @@ to start and for a silent one; ``config.watchdog_s`` ends a process whose RL ite
 epoch, evaluation or checkpoint runs past a limit (``training/watchdog.py``).
 Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
 every host sees (checkpoints are written there by all processes through orbax).
+
+The console shows the phases, progress bars with their ETA, one summary line per RL iteration
+and the final table; every log record, the libraries' INFO logs included (orbax, JAX), goes to
+``WORKDIR/logs/train.log`` (``train.p<i>.log`` for process i > 0). ``--alsologtostderr`` (or an
+explicit ``--verbosity``) shows them on the console again (``training/logs.py``).
 """
 
 import json
@@ -41,7 +46,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli, paths, workdir_config
+from agentrl_jax.training import cli, logs, paths, workdir_config
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.checkpoint import CheckpointWriteError
 from agentrl_jax.training.config import ConfigError, from_config_dict
@@ -75,6 +80,7 @@ def main(argv):
     del argv
     if _CONFIG.value is None or not _WORKDIR.value:
         raise app.UsageError("--config=configs/<name>.py and --workdir=DIR are required")
+    logs.setup()  # library logs (orbax, JAX) go to WORKDIR/logs/train.log, not the console
     jax.config.update("jax_threefry_partitionable", True)
     # Multi-host: from the flags, or auto-detected when AGENTRL_DISTRIBUTED=1 (TPU pods, SLURM).
     maybe_initialize_distributed(
@@ -92,6 +98,8 @@ def main(argv):
     except ConfigError as e:
         cli.fail(f"config error: {e}")
     cli.usable_workdir(_WORKDIR.value)
+    log_file = logs.to_workdir(_WORKDIR.value, "train", jax.process_index())
+    logging.info("logs: %s (--alsologtostderr shows library logs here too)", log_file)
     try:
         changes = workdir_config.check_and_record(
             _WORKDIR.value,

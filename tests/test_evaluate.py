@@ -240,14 +240,14 @@ def test_before_after_table():
     )
     assert table.splitlines() == [
         "| held-out set | episodes | after SFT | 95% CI | after RL | 95% CI | RL gain "
-        "| 95% CI (paired) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| 95% CI (paired) | infra failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         # Paired on the same 50 games: 31 won by both, 14 only after RL, 5 by neither.
         "| simple (training complexity) | 50 | 62.0% | [48.2, 74.1] | 90.0% | [78.6, 95.7] "
-        "| +28.0 pts | [14.7, 41.0] |",
+        "| +28.0 pts | [14.7, 41.0] | 0 / 0 |",
         # RL's result counted 40 of the games: the gain is on those 40 (8 vs 10 wins).
         "| medium (next harder) | 50 / 40 | 20.0% | [11.2, 33.0] | 20.0% | [10.5, 34.8] "
-        "| -5.0 pts | [-14.6, 4.0] |",
+        "| -5.0 pts | [-14.6, 4.0] | 0 / 0 |",
         "",
         "40 valid games, greedy; 50 valid games, greedy. 95% Wilson intervals; the gain's "
         "interval is Newcombe's for paired outcomes on the same games.",
@@ -265,7 +265,7 @@ def test_before_after_table():
     assert gain["diff"] == pytest.approx(0.28) and gain["low"] == pytest.approx(0.146624, abs=1e-6)
     # Reports written before outcomes were kept: the difference, without an interval.
     old = [dataclasses.replace(r, outcomes=()) for r in (_result(31, 50), _result(45, 50))]
-    assert "| +28.0 pts | n/a |" in before_after_table([("simple", *old)])
+    assert "| +28.0 pts | n/a | 0 / 0 |" in before_after_table([("simple", *old)])
     with pytest.raises(ValueError, match="no rows"):
         before_after_table([])
 

@@ -417,6 +417,6 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     assert ref["rollout/episodes"] == [(1, 8.0), (2, 8.0)]
     events = [n for n in os.listdir(two / "tensorboard") if "tfevents" in n]
     assert len(events) == 1, events
-    # Only process 0 reports (the before/after table's rows are the report sets, level@split).
-    assert "| simple@test |" in text0 and "| simple@test |" not in text1
-    assert "eval after_rl" in text0 and "eval after_rl" not in text1
+    # Only process 0 reports.
+    assert "| simple@test |" in text0 and "| simple@test |" not in text1  # the report table
+    assert "evaluation after_rl done" in text0 and "evaluation after_rl" not in text1

@@ -270,6 +270,60 @@ def test_episode_that_outgrows_the_context_is_truncated(setup):
         assert traj.final_obs_ids == worker.template.turn_ids(worker.tokenizer, obs, first=False)
 
 
+class LongObservationPool(ScriptedPool):
+    """ScriptedPool whose episode ``i`` shows, at step ``long_at[i]`` (0: the reset), an
+    observation longer than any context."""
+
+    def __init__(self, lengths, long_at):
+        super().__init__(lengths)
+        self.long_at = long_at
+
+    def _obs(self, i):
+        t = self.t[i]
+        return self.long_obs(t) if t == self.long_at[i] else self._obs_at(t)
+
+    def long_obs(self, t):
+        long = " ".join(["chest"] * 1000)
+        obs = self._obs_at(t)
+        return dataclasses.replace(obs, text=f"{obs.text} {long}", feedback=long)
+
+
+def test_step_mode_observation_longer_than_the_context_ends_the_episode_truncated(setup):
+    """Step-wise contexts: an observation that no context can hold ends its episode as truncated
+    (at the reset: an episode of no step), counted, and the other episodes play on."""
+    from agentrl_jax.training.trainer import rollout_metrics
+
+    tok, policy, template, sampler = setup
+    cfg = RolloutConfig(
+        group_size=2,
+        max_turns=4,
+        max_new_tokens=6,
+        max_seq_len=512,
+        context_mode="step",
+        history_turns=1,  # as _rollout: the same compiled shapes
+    )
+    pool = LongObservationPool((3,), long_at=(2, 0, -1, -1))
+    worker = RolloutWorker(pool, sampler, tok, template, cfg)
+    tasks = [Task("scripted", "train", "a"), Task("scripted", "train", "b")]
+    trajs = worker.run(tasks, jax.random.key(0))
+    assert [(t.truncated, t.won, len(t.steps)) for t in trajs] == [
+        (True, False, 2), (True, False, 0), (False, True, 3), (False, True, 3),
+    ]  # fmt: skip
+    assert not any(t.infra_failure for t in trajs)
+    # The observation that did not fit is the episode's final one; it got no action.
+    cut, unplayed = trajs[0], trajs[1]
+    assert cut.final_obs_ids == worker._obs_ids(pool.long_obs(2), first=False)
+    assert unplayed.final_obs_ids == worker._obs_ids(pool.long_obs(0), first=True)
+    assert len(cut.final_obs_ids) > cfg.max_seq_len
+    assert all(s.action_ids and len(s.prompt_ids) <= 512 - 6 for s in cut.steps)
+    metrics = rollout_metrics(trajs)
+    assert metrics["rollout/infra_failures"] == 0.0
+    assert metrics["rollout/truncated"] == 0.5 and metrics["rollout/success_rate"] == 0.5
+    # The rows hold the played steps only.
+    rows = step_rows([t for t in trajs if t.steps], 512, tok.pad_token_id)
+    assert rows.tokens.shape[0] == 2 + 3 + 3
+
+
 @pytest.mark.parametrize("mode", ["episode", "step"])
 def test_every_step_keeps_its_observation_and_the_episode_its_final_one(setup, mode):
     tok, *_ = setup

@@ -5,6 +5,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -211,6 +212,37 @@ def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
         assert steps >= 1
 
 
+# absl's record prefix: level letter, MMDD, time (``I1201 21:34:42.960548 ...``).
+ABSL_LINE = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d")
+
+
+def _absl_lines(text: str) -> list[str]:
+    # tqdm redraws its bar with carriage returns: each redraw is a line of its own.
+    return [line for line in re.split(r"[\r\n]", text) if ABSL_LINE.match(line)]
+
+
+def test_console_shows_progress_and_the_log_file_the_library_logs(reference_run):
+    """The console: phases, bars with an ETA, a line per RL iteration, the table; no library
+    log (orbax writes ~45 INFO lines per checkpoint). Those go to WORKDIR/logs/train.log."""
+    workdir, text = reference_run
+    assert not _absl_lines(text), _absl_lines(text)[:5]
+    assert "orbax" not in text
+    assert "SFT: 2 steps (2 epochs of 1 batches of 2)" in text
+    assert "RL: iterations 1-3 of 3, 2 tasks x 2 rollouts each (grpo)" in text
+    assert re.search(r"rl: +\d+%\|.*\| \d/3 \[\d\d:\d\d<\d\d:\d\d", text)  # elapsed<ETA
+    # Written between the bar's redraws (tqdm.write), each on a line of its own.
+    summary = re.compile(r"rl (\d)/3: success [\d.]+, return [-\d.]+, 4 episodes \(0 infra")
+    lines = re.split(r"[\r\n]", text)
+    assert [m.group(1) for line in lines if (m := summary.match(line))] == ["1", "2", "3"]
+    assert "evaluation after_rl done: simple success" in text and "| held-out set |" in text
+    log = (workdir / "logs" / "train.log").read_text()
+    assert f"logs: {workdir}/logs/train.log" in text
+    # Every record is in the file, absl-formatted: the libraries' and the project's.
+    info = [line for line in _absl_lines(log) if line.startswith("I")]
+    assert any("orbax" in line for line in info) and len(info) > 100
+    assert any("trainer.py" in line and "rl 3/3: success" in line for line in info)
+
+
 def test_eval_entry_point_reports_and_plots(reference_run, textworld_games):
     workdir, _ = reference_run
     env = dict(os.environ, AGENTRL_CACHE=str(textworld_games["root"]), XLA_FLAGS="")
@@ -227,6 +259,9 @@ def test_eval_entry_point_reports_and_plots(reference_run, textworld_games):
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "eval/simple@valid/success_rate" in out.stdout
+    # The restore's orbax logs go to the log file, not the console.
+    assert not _absl_lines(out.stdout + out.stderr) and "orbax" not in out.stderr
+    assert any("orbax" in line for line in _absl_lines((workdir / "logs" / "eval.log").read_text()))
     report = json.loads((workdir / "eval" / "eval_valid_simple_valid.json").read_text())
     assert report["num_tasks"] == 1 and report["overall"]["episodes"] == 1
     assert (workdir / "eval" / "eval_valid_simple_valid.md").is_file()

@@ -347,8 +347,9 @@ def _gain(sft: EvalResult, rl: EvalResult) -> stats_lib.PairedDifference:
 
 
 def before_after_rows(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> list[dict[str, Any]]:
-    """The before/after comparison as JSON rows: each result's rate with its Wilson interval, and
-    RL's gain on the games both counted with its paired (Newcombe) interval."""
+    """The before/after comparison as JSON rows: each result's rate with its Wilson interval,
+    RL's gain on the games both counted with its paired (Newcombe) interval, and each result's
+    episodes lost to infrastructure failures (``infra_failures``: after_sft, after_rl)."""
     out = []
     for label, sft, rl in rows:
         gain = _gain(sft, rl)
@@ -364,6 +365,11 @@ def before_after_rows(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> lis
                 "after_sft": stats_lib.rate_json(sft.overall.wins, sft.overall.episodes),
                 "after_rl": stats_lib.rate_json(rl.overall.wins, rl.overall.episodes),
                 "gain": gain.to_json(),
+                # Episodes lost to the actor pool, left out of every rate above.
+                "infra_failures": {
+                    "after_sft": sft.overall.infra_failures,
+                    "after_rl": rl.overall.infra_failures,
+                },
             }
         )
     return out
@@ -377,16 +383,17 @@ def before_after_table(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> st
         next harder one, both on the same games.
 
     Returns:
-      A markdown table with 95% Wilson intervals; the last columns are RL's gain in percentage
-      points on the games both results counted and its paired interval (Newcombe), then a line
-      per protocol (split, games, decoding, temperature, seed).
+      A markdown table with 95% Wilson intervals; then RL's gain in percentage points on the
+      games both results counted and its paired interval (Newcombe); the last column counts the
+      episodes lost to infrastructure failures (after SFT / after RL), left out of the rates;
+      then a line per protocol (split, games, decoding, temperature, seed).
     """
     if not rows:
         raise ValueError("before_after_table got no rows; expected (label, sft, rl) tuples")
     lines = [
         "| held-out set | episodes | after SFT | 95% CI | after RL | 95% CI | RL gain "
-        "| 95% CI (paired) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| 95% CI (paired) | infra failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, sft, rl in rows:
         gain = _gain(sft, rl)
@@ -400,7 +407,8 @@ def before_after_table(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> st
             f"| {stats_lib.fmt_interval(*sft.overall.interval)} | {_pct(rl.success_rate)} "
             f"| {stats_lib.fmt_interval(*rl.overall.interval)} "
             f"| {'n/a' if math.isnan(gain.diff) else f'{100 * gain.diff:+.1f} pts'} "
-            f"| {stats_lib.fmt_interval(gain.low, gain.high)} |"
+            f"| {stats_lib.fmt_interval(gain.low, gain.high)} "
+            f"| {sft.overall.infra_failures} / {rl.overall.infra_failures} |"
         )
     protocols = sorted({r.protocol for _, sft, rl in rows for r in (sft, rl)})
     lines.append(

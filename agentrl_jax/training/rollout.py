@@ -4,6 +4,12 @@ Token-in, token-out. Each observation is rendered to text and encoded once, as i
 model (``ChatTemplate.turn_ids``); the actions are the sampler's own ids. The environment receives
 decoded text, but nothing trained on is ever re-encoded from decoded text.
 
+One driver plays a wave of episodes (what the actor pool holds at once) for any actor:
+``play_wave(pool, episodes, max_turns, actor)`` resets, steps in batches and marks the episodes
+the pool loses; each episode's state is one ``Episode``. The policy and the expert act through
+``RolloutWorker`` (the same contexts for both), the trainer's tokenizer corpus through its own
+small actor.
+
 Each step keeps its newest observation's ids (``Step.obs_ids``) and each episode the observation
 after its last action (``Trajectory.final_obs_ids``). An episode is ``truncated`` when a limit
 cut it: the rollout's ``max_turns`` or context length (below), or the environment's own step
@@ -18,17 +24,22 @@ Context modes:
   (encoded once at reset), then the stored ids of the last ``history_turns`` turns (observation
   and action, as they were first encoded), then the new observation; the goal is always in view,
   however old the turn that stated it. Oldest turns are dropped first until the context fits
-  ``max_seq_len`` (``truncated`` is then set on the step's info as ``context_truncated``).
+  ``max_seq_len`` (``truncated`` is then set on the step's info as ``context_truncated``). An
+  observation that does not fit even alone with the header (and ``max_new_tokens``) ends the
+  episode there, marked ``truncated``, as in ``episode`` mode; one at the reset leaves an
+  episode of no step (counted in ``rollout/truncated``, never trained on).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+from typing import Protocol
 
 import jax
 import numpy as np
 
+from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.sampling.logits import as_typed_key, fold_in
@@ -207,149 +218,35 @@ class RolloutWorker:
 
     def _run_wave(self, tasks, keys, *, sampling, group_offset, expert, group_size):
         """One batch of episodes that fits the pool at once (``keys``: one per episode)."""
-        cfg = self.config
-        episodes = [t for t in tasks for _ in range(group_size)]
-        trajs = [
-            Trajectory(task=t, group=group_offset + i // group_size) for i, t in enumerate(episodes)
+        episodes = [
+            Episode(task=t, traj=Trajectory(task=t, group=group_offset + i // group_size))
+            for i, t in enumerate(t for t in tasks for _ in range(group_size))
         ]
-        results = self.pool.reset(episodes)
-        live = []  # per episode: still playing
-        pending_ids: list[list[int]] = []
-        choices: list[list[list[int]] | None] = [None] * len(episodes)  # constrain_actions
-        history: list[list[list[int]]] = [[] for _ in episodes]  # step mode: per-turn ids
-        headers: list[list[int]] = [[] for _ in episodes]  # step mode: system prompt + goal
-        for i, res in enumerate(results):
-            if res.infra_failure:
-                trajs[i].infra_failure = True
-                live.append(False)
-                pending_ids.append([])
-                continue
-            live.append(True)
-            pending_ids.append(self._obs_ids(res.observation, first=True))
-            choices[i] = self._choices(res.observation)
-            if cfg.context_mode == "step":
-                headers[i] = trajs[i].header_ids = self._header_ids(res.observation)
-            trajs[i].steps.append(_empty_step(res.info))
-
-        cache = None
-        if cfg.context_mode == "episode" and not expert:
-            cache = self.sampler.start(len(episodes), cfg.max_seq_len)
-        used = np.zeros(len(episodes), np.int64)
-
-        for turn in range(cfg.max_turns):
-            if not any(live):
-                break
-            feed = []
-            for i in range(len(episodes)):
-                if not live[i]:
-                    feed.append([])
-                    continue
-                if cfg.context_mode == "episode":
-                    ids = (self.system_ids if turn == 0 else []) + pending_ids[i]
-                    if used[i] + len(ids) + cfg.max_new_tokens > cfg.max_seq_len:
-                        trajs[i].truncated = True
-                        trajs[i].steps.pop()  # the observation that did not fit gets no action
-                        trajs[i].final_obs_ids = pending_ids[i]
-                        live[i] = False
-                        feed.append([])
-                        continue
-                    feed.append(ids)
-                else:
-                    feed.append(
-                        self._step_context(headers[i], history[i], pending_ids[i], trajs[i])
-                    )
-            if not any(feed):
-                break
-            allowed = None  # per episode, per action token: the ids the draw allowed
-            if expert:
-                actions_ids = [
-                    self._expert_ids(t.steps[-1].info) if f else [] for t, f in zip(trajs, feed)
-                ]
-                logprobs = np.zeros((len(episodes), max(map(len, actions_ids)) + 1), np.float32)
-            else:
-                if cfg.context_mode == "step":
-                    cache = self.sampler.start(len(episodes), cfg.max_seq_len)
-                kwargs = {}
-                if cfg.constrain_actions:
-                    kwargs["choices"] = [c if f else None for c, f in zip(choices, feed)]
-                out = self.sampler.step_turn(
-                    cache,
-                    feed,
-                    cfg.max_new_tokens,
-                    fold_in(keys, turn),
-                    sampling=sampling,
-                    **kwargs,
-                )
-                cache = out.cache if cfg.context_mode == "episode" else None
-                actions_ids = out.token_lists()
-                allowed = out.allowed_lists() if cfg.constrain_actions else None
-                # Log-probs under the distribution sampled from (the learner's logits / T);
-                # greedy turns (never trained on) keep the raw policy's.
-                # (With top-k / top-p they are of the filtered distribution: the mismatch shows
-                # in the trainer's rollout/logprob_mismatch metric.)
-                greedy = (sampling or self.sampler.sampling).greedy
-                logprobs = np.asarray(out.policy_logprobs if greedy else out.logprobs)
-            actions: list[str | None] = []
-            for i in range(len(episodes)):
-                if not feed[i]:
-                    actions.append(None)
-                    continue
-                step = trajs[i].steps[-1]
-                step.prompt_ids = feed[i]
-                step.obs_ids = pending_ids[i]
-                step.action_ids = actions_ids[i]
-                step.action_logprobs = logprobs[i, : len(actions_ids[i])].tolist()
-                if allowed is not None:
-                    step.action_allowed = allowed[i]
-                used[i] += len(feed[i]) + len(actions_ids[i])
-                if cfg.context_mode == "step":
-                    history[i].append(pending_ids[i] + actions_ids[i])
-                actions.append(self._decode_action(actions_ids[i]))
-            results = self.pool.step(actions)
-            for i, res in enumerate(results):
-                if res is None:
-                    continue
-                step = trajs[i].steps[-1]
-                if res.infra_failure:
-                    trajs[i].infra_failure = True
-                    live[i] = False
-                    continue
-                step.reward = float(res.reward)
-                step.done = bool(res.done)
-                step.info = {**step.info, **_step_info(res.info)}
-                if res.observation is not None:
-                    pending_ids[i] = self._obs_ids(res.observation, first=False)
-                if res.done:
-                    trajs[i].won = bool(res.info.get("won", False))
-                    # The environment's own step limit cuts the episode; it did not end it.
-                    trajs[i].truncated = bool(res.info.get("truncated", False))
-                    if res.observation is not None:
-                        trajs[i].final_obs_ids = pending_ids[i]
-                    live[i] = False
-                    continue
-                choices[i] = self._choices(res.observation)
-                trajs[i].steps.append(_empty_step(res.info))
-        for i, traj in enumerate(trajs):
+        actor = _WaveActor(self, keys, sampling=sampling, expert=expert, size=len(episodes))
+        play_wave(self.pool, episodes, self.config.max_turns, actor)
+        for ep in episodes:
+            ep.traj.infra_failure = ep.failed
             # Episodes still running at max_turns: the last observation got no action.
-            if live[i] and traj.steps and not traj.steps[-1].action_ids:
-                traj.steps.pop()
-                traj.truncated = True
-                traj.final_obs_ids = pending_ids[i]
-        return trajs
+            if ep.live and ep.traj.steps and not ep.traj.steps[-1].action_ids:
+                ep.traj.steps.pop()
+                ep.traj.truncated = True
+                ep.traj.final_obs_ids = ep.pending_ids
+        return [ep.traj for ep in episodes]
 
-    def _step_context(self, header, history, obs_ids, traj) -> list[int]:
-        """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted."""
+    def _step_context(self, header, history, obs_ids, traj) -> list[int] | None:
+        """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted.
+
+        None when the header, the observation and ``max_new_tokens`` alone exceed
+        ``max_seq_len``: no context holds this turn, so the episode ends there (truncated).
+        """
         cfg = self.config
-        keep = history[-cfg.history_turns :] if cfg.history_turns else []
         budget = cfg.max_seq_len - cfg.max_new_tokens - len(header) - len(obs_ids)
+        if budget < 0:
+            return None
+        keep = history[-cfg.history_turns :] if cfg.history_turns else []
         while keep and sum(len(t) for t in keep) > budget:
             keep = keep[1:]
             traj.steps[-1].info["context_truncated"] = True
-        if budget < 0:
-            raise ValueError(
-                f"an observation of {len(obs_ids)} tokens does not fit rollout.max_seq_len="
-                f"{cfg.max_seq_len} with max_new_tokens={cfg.max_new_tokens}"
-            )
         return header + [t for turn in keep for t in turn] + obs_ids
 
     def _choices(self, obs: Observation) -> list[list[int]] | None:
@@ -406,6 +303,186 @@ def episode_keys(rng: jax.Array, first: int, num_tasks: int, group_size: int) ->
 def _fold_twice(rng, tasks, members):
     fold = jax.vmap(jax.random.fold_in, in_axes=(0, 0))
     return fold(jax.vmap(jax.random.fold_in, in_axes=(None, 0))(rng, tasks), members)
+
+
+@dataclasses.dataclass
+class Episode:
+    """One episode of a wave, as ``play_wave`` plays it for an actor.
+
+    Attributes:
+      task: what the pool resets.
+      live: still playing (the driver clears it when the episode ends or is lost; an actor that
+        ends an episode itself, a full context, clears it too).
+      failed: lost to the actor pool (a worker crash or hang, an env exception).
+      obs: the newest observation.
+      info: the newest info (the reset's ``reset_info``, then each step's).
+      traj: the policy's record (RolloutWorker), or None.
+      pending_ids: the newest observation's ids, as the model reads them.
+      choices: ``constrain_actions``: the admissible commands' ids.
+      header: step mode: the system prompt and the goal, the start of every context.
+      history: step mode: each turn's ids (observation, then action), as first encoded.
+      used: episode mode: the tokens of the episode's cache.
+    """
+
+    task: Task
+    live: bool = True
+    failed: bool = False
+    obs: Observation | None = None
+    info: dict = dataclasses.field(default_factory=dict)
+    traj: Trajectory | None = None
+    pending_ids: list[int] = dataclasses.field(default_factory=list)
+    choices: list[list[int]] | None = None
+    header: list[int] = dataclasses.field(default_factory=list)
+    history: list[list[int]] = dataclasses.field(default_factory=list)
+    used: int = 0
+
+
+class Actor(Protocol):
+    """Who acts in ``play_wave``: the policy, the expert, or anything that picks commands."""
+
+    def start(self, ep: Episode) -> None:
+        """After the episode's reset (``ep.obs`` and ``ep.info`` are set)."""
+
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
+        """One command per episode of the wave (None: the episode is not stepped)."""
+
+    def observe(self, ep: Episode, result: StepResult) -> None:
+        """After a step the pool answered (not called for an episode the pool lost)."""
+
+
+def play_wave(pool, episodes: list[Episode], max_turns: int, actor: Actor) -> list[Episode]:
+    """Plays one wave (episodes that fit the actor pool at once) for ``actor``: every reset,
+    then up to ``max_turns`` batched steps, until no episode is live or the actor has no
+    command for any. Lost episodes are marked ``failed`` and never reach the actor again."""
+    for ep, res in zip(episodes, pool.reset([ep.task for ep in episodes]), strict=True):
+        if res.infra_failure:
+            ep.failed, ep.live = True, False
+            continue
+        ep.obs, ep.info = res.observation, res.info
+        actor.start(ep)
+    for turn in range(max_turns):
+        if not any(ep.live for ep in episodes):
+            break
+        actions = actor.act(turn, episodes)
+        if all(a is None for a in actions):
+            break
+        for ep, res in zip(episodes, pool.step(actions), strict=True):
+            if res is None:
+                continue
+            if res.infra_failure:
+                ep.failed, ep.live = True, False
+                continue
+            if res.observation is not None:
+                ep.obs = res.observation
+            ep.info = res.info
+            ep.live = not res.done
+            actor.observe(ep, res)
+    return episodes
+
+
+class _WaveActor:
+    """A RolloutWorker's actor for one wave: the sampler on the policy's contexts, or (with
+    ``expert``) the env's expert command written into the same contexts."""
+
+    def __init__(self, worker: RolloutWorker, keys, *, sampling, expert: bool, size: int):
+        self.worker, self.config = worker, worker.config
+        self.keys, self.sampling, self.expert, self.size = keys, sampling, expert, size
+        self.cache = None
+
+    def start(self, ep: Episode) -> None:
+        w = self.worker
+        ep.pending_ids = w._obs_ids(ep.obs, first=True)
+        ep.choices = w._choices(ep.obs)
+        if self.config.context_mode == "step":
+            ep.header = ep.traj.header_ids = w._header_ids(ep.obs)
+        ep.traj.steps.append(_empty_step(ep.info))
+
+    def _context(self, turn: int, ep: Episode) -> list[int] | None:
+        """The ids this turn feeds the model for ``ep`` (None: they do not fit the context)."""
+        cfg = self.config
+        if cfg.context_mode == "step":
+            return self.worker._step_context(ep.header, ep.history, ep.pending_ids, ep.traj)
+        ids = (self.worker.system_ids if turn == 0 else []) + ep.pending_ids
+        return None if ep.used + len(ids) + cfg.max_new_tokens > cfg.max_seq_len else ids
+
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
+        cfg, w = self.config, self.worker
+        feed = []
+        for ep in episodes:
+            ids = self._context(turn, ep) if ep.live else []
+            if ids is None:  # the context is full: the episode ends here, cut
+                ep.traj.truncated = True
+                ep.traj.steps.pop()  # the observation that did not fit gets no action
+                ep.traj.final_obs_ids = ep.pending_ids
+                ep.live = False
+                ids = []
+            feed.append(ids)
+        if not any(feed):
+            return [None] * len(episodes)
+        allowed = None  # per episode, per action token: the ids the draw allowed
+        if self.expert:
+            actions_ids = [
+                w._expert_ids(ep.traj.steps[-1].info) if f else [] for ep, f in zip(episodes, feed)
+            ]
+            logprobs = np.zeros((len(episodes), max(map(len, actions_ids)) + 1), np.float32)
+        else:
+            if cfg.context_mode == "step" or self.cache is None:
+                self.cache = w.sampler.start(self.size, cfg.max_seq_len)
+            kwargs = {}
+            if cfg.constrain_actions:
+                kwargs["choices"] = [ep.choices if f else None for ep, f in zip(episodes, feed)]
+            out = w.sampler.step_turn(
+                self.cache,
+                feed,
+                cfg.max_new_tokens,
+                fold_in(self.keys, turn),  # one key per episode
+                sampling=self.sampling,
+                **kwargs,
+            )
+            self.cache = out.cache if cfg.context_mode == "episode" else None
+            actions_ids = out.token_lists()
+            allowed = out.allowed_lists() if cfg.constrain_actions else None
+            # Log-probs under the distribution sampled from (the learner's logits / T);
+            # greedy turns (never trained on) keep the raw policy's.
+            # (With top-k / top-p they are of the filtered distribution: the mismatch shows
+            # in the trainer's rollout/logprob_mismatch metric.)
+            greedy = (self.sampling or w.sampler.sampling).greedy
+            logprobs = np.asarray(out.policy_logprobs if greedy else out.logprobs)
+        actions: list[str | None] = []
+        for i, ep in enumerate(episodes):
+            if not feed[i]:
+                actions.append(None)
+                continue
+            step = ep.traj.steps[-1]
+            step.prompt_ids = feed[i]
+            step.obs_ids = ep.pending_ids
+            step.action_ids = actions_ids[i]
+            step.action_logprobs = logprobs[i, : len(actions_ids[i])].tolist()
+            if allowed is not None:
+                step.action_allowed = allowed[i]
+            ep.used += len(feed[i]) + len(actions_ids[i])
+            if cfg.context_mode == "step":
+                ep.history.append(ep.pending_ids + actions_ids[i])
+            actions.append(w._decode_action(actions_ids[i]))
+        return actions
+
+    def observe(self, ep: Episode, res: StepResult) -> None:
+        w, traj = self.worker, ep.traj
+        step = traj.steps[-1]
+        step.reward = float(res.reward)
+        step.done = bool(res.done)
+        step.info = {**step.info, **_step_info(res.info)}
+        if res.observation is not None:
+            ep.pending_ids = w._obs_ids(res.observation, first=False)
+        if res.done:
+            traj.won = bool(res.info.get("won", False))
+            # The environment's own step limit cuts the episode; it did not end it.
+            traj.truncated = bool(res.info.get("truncated", False))
+            if res.observation is not None:
+                traj.final_obs_ids = ep.pending_ids
+            return
+        ep.choices = w._choices(res.observation)
+        traj.steps.append(_empty_step(res.info))
 
 
 def _empty_step(info) -> Step:

@@ -52,7 +52,7 @@ from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.curriculum import Curriculum
 from agentrl_jax.training.learner import Learner, LossWeights
 from agentrl_jax.training.rl_update import RLUpdate
-from agentrl_jax.training.rollout import RolloutWorker, render_observation
+from agentrl_jax.training.rollout import Episode, RolloutWorker, play_wave, render_observation
 from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
 from agentrl_jax.training.tensorboard import SummaryWriter
 from agentrl_jax.training.trajectory import Trajectory
@@ -62,28 +62,80 @@ from agentrl_jax.training.watchdog import Watchdog
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     """Return, success, length, truncation and infrastructure failures of a batch of episodes.
 
+    Rates and means are over the episodes the pool did not lose, including those a full context
+    ended before their first action (no step: ``rollout/truncated``, nothing to train on).
     ``rollout/singleton_groups`` counts the groups that failures left with one episode: a group
     estimator (GRPO, RLOO, GiGPO, GAGPO) gives such an episode advantage 0, so it trains nothing.
     """
-    good = [t for t in trajs if not t.infra_failure and t.steps]
+    counted = [t for t in trajs if not t.infra_failure]
+    good = [t for t in counted if t.steps]
     played = collections.Counter(t.group for t in trajs)
     kept = collections.Counter(t.group for t in good)
     out = {
         "rollout/episodes": float(len(trajs)),
-        "rollout/infra_failures": float(len(trajs) - len(good)),
+        "rollout/infra_failures": float(len(trajs) - len(counted)),
         "rollout/singleton_groups": float(sum(kept[g] == 1 < played[g] for g in kept)),
     }
-    if good:
+    if counted:
         out.update(
             {
-                "rollout/return": float(np.mean([t.episode_return for t in good])),
-                "rollout/success_rate": float(np.mean([t.won for t in good])),
-                "rollout/episode_length": float(np.mean([len(t.steps) for t in good])),
-                "rollout/truncated": float(np.mean([t.truncated for t in good])),
-                "rollout/tokens_per_episode": float(np.mean([t.num_tokens for t in good])),
+                "rollout/return": float(np.mean([t.episode_return for t in counted])),
+                "rollout/success_rate": float(np.mean([t.won for t in counted])),
+                "rollout/episode_length": float(np.mean([len(t.steps) for t in counted])),
+                "rollout/truncated": float(np.mean([t.truncated for t in counted])),
+                "rollout/tokens_per_episode": float(np.mean([t.num_tokens for t in counted])),
             }
         )
     return out
+
+
+def iteration_summary(iteration: int, total: int, metrics: dict[str, float]) -> str:
+    """The console's line for one RL iteration (``rl 3/12: success 0.50, ...``)."""
+
+    def get(key: str) -> float:
+        return metrics.get(key, float("nan"))
+
+    parts = [
+        f"success {get('rollout/success_rate'):.2f}",
+        f"return {get('rollout/return'):.3f}",
+        f"{get('rollout/episodes'):.0f} episodes "
+        f"({get('rollout/infra_failures'):.0f} infra failures, "
+        f"{100 * get('rollout/truncated'):.0f}% truncated)",
+        f"policy loss {get('losses/policy_loss'):.4f}",
+        f"rollout {get('time/rollout_s'):.1f} s, update {get('time/update_s'):.1f} s",
+    ]
+    if "eval/success_rate" in metrics:
+        parts.append(f"eval success {metrics['eval/success_rate']:.2f}")
+    return f"rl {iteration}/{total}: " + ", ".join(parts)
+
+
+class _ExpertTexts:
+    """``play_wave``'s actor for the tokenizer's corpus: the env's expert plays, and each
+    observation (as the agent reads it, with the admissible commands) and command is kept."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def start(self, ep: Episode) -> None:
+        pass
+
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
+        actions: list[str | None] = []
+        for ep in episodes:
+            if not ep.live:
+                actions.append(None)
+                continue
+            self.texts.append(render_observation(ep.obs, first=turn == 0, show_admissible=True))
+            action = ep.info.get("expert_action") or None
+            if action:
+                self.texts.append(action)
+            else:
+                ep.live = False  # no expert here: the episode ends
+            actions.append(action)
+        return actions
+
+    def observe(self, ep: Episode, result) -> None:
+        pass
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -376,33 +428,12 @@ class Trainer:
         """Observation and command text of expert episodes on the train tasks."""
         tasks = [t for level in self.train_tasks.values() for t in level]
         texts = [self.config.rollout.system_prompt]
+        actor = _ExpertTexts(texts)
         for start in range(0, len(tasks), self.pool.capacity):
             batch = tasks[start : start + self.pool.capacity]
-            results = self.pool.reset(batch)
-            live = [not r.infra_failure for r in results]
-            first = True
-            for _ in range(self.config.rollout.max_turns):
-                actions = []
-                for i, r in enumerate(results):
-                    if not live[i] or r is None:
-                        actions.append(None)
-                        continue
-                    texts.append(
-                        render_observation(r.observation, first=first, show_admissible=True)
-                    )
-                    action = r.info.get("expert_action")
-                    actions.append(action)
-                    if action:
-                        texts.append(action)
-                    else:
-                        live[i] = False
-                first = False
-                if not any(a is not None for a in actions):
-                    break
-                results = self.pool.step(actions)
-                for i, r in enumerate(results):
-                    if r is not None and (r.done or r.infra_failure):
-                        live[i] = False
+            play_wave(
+                self.pool, [Episode(task=t) for t in batch], self.config.rollout.max_turns, actor
+            )
         return texts
 
     def _policy(self) -> Qwen2ForCausalLM:
@@ -556,6 +587,13 @@ class Trainer:
             from tqdm.auto import tqdm
 
             done = int(self.sft_state.step)
+            logging.info(
+                "SFT: %d steps (%d epochs of %d batches of %d)",
+                total,
+                cfg.sft.epochs,
+                dataset.batches_per_epoch,
+                cfg.sft.batch_size,
+            )
             bar = tqdm(
                 iterator, desc="sft", initial=done, total=total, disable=not multihost.is_primary()
             )
@@ -597,6 +635,16 @@ class Trainer:
         from tqdm.auto import tqdm
 
         start = int(self.meta["rl_iteration"])
+        if start < total:
+            logging.info(
+                "RL: iterations %d-%d of %d, %d tasks x %d rollouts each (%s)",
+                start + 1,
+                total,
+                total,
+                cfg.rl.tasks_per_iteration,
+                cfg.rollout.group_size,
+                cfg.rl.algo,
+            )
         bar = tqdm(
             range(start, total),
             desc="rl",
@@ -613,6 +661,7 @@ class Trainer:
                 metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}", report=last))
             if last:
                 self.meta["phase"] = "done"
+            logging.info("%s", iteration_summary(it + 1, total, metrics))
             self.writer.scalars(metrics, it + 1)
             self.writer.flush()
             if metrics.get("train/skipped_nonfinite", 0.0) > 0:
@@ -646,7 +695,11 @@ class Trainer:
         metrics = rollout_metrics(trajs)
         metrics["curriculum/stage"] = float(self.curriculum.stage)
         if not good:
-            logging.warning("iteration %d: no usable episode (all infrastructure failures)", it)
+            logging.warning(
+                "iteration %d: no usable episode (infrastructure failures, or episodes a full "
+                "context ended before their first action)",
+                it,
+            )
             self.curriculum.update([])
             return metrics
 
@@ -688,6 +741,11 @@ class Trainer:
         sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
         if report:
             sets += [("report", key, tasks) for key, tasks in self.report_tasks.items()]
+        logging.info(
+            "evaluation %s: %s",
+            name,
+            ", ".join(f"{level} ({len(tasks)} games)" for _, level, tasks in sets),
+        )
         out, results, played = {}, {}, {}
         for prefix, level, tasks in sets:
             ids = tuple((t.split, t.id) for t in tasks)
@@ -706,7 +764,12 @@ class Trainer:
             out[f"{prefix}/{level}/mean_return"] = overall.mean_return
         out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.meta["evals"][name] = {level: r.to_json() for level, r in results.items()}
-        logging.info("eval %s: %s", name, {k: round(v, 3) for k, v in out.items()})
+        summary = [
+            f"{level} success {r.success_rate:.2f} ({r.overall.wins}/{r.overall.episodes}, "
+            f"{r.overall.mean_steps:.1f} steps, {r.overall.infra_failures} infra failures)"
+            for level, r in results.items()
+        ]
+        logging.info("evaluation %s done: %s", name, "; ".join(summary))
         return out
 
     def before_after_results(
