@@ -132,6 +132,8 @@ def chaos_trainer(tmp_path_factory):
         sft_state=None,
         ref_policy=None,
         multihost=False,
+        policy=policy,
+        local_mesh=None,
         curriculum=Curriculum(config.curriculum),
         rl_tasks=TASKS,
     )
