@@ -538,6 +538,12 @@ def test_each_estimator_compiles_once_per_shape_bucket(name):
             fn(batch, cfg, values=v if use else None)  # one trace for the bucket, then cached
     with pytest.raises(AssertionError, match="traced > 1 times"):  # a new bucket is traced again
         fn(bigger, K.AdvantageConfig(), values=bigger_values if use else None)
+    # The registered estimator itself: the bucket adds at most one entry to its compilation cache
+    # (none when an earlier test compiled it already).
+    before = spec.fn.jitted._cache_size()
+    for batch, v in batches:
+        spec.fn(batch, K.AdvantageConfig(), values=v if use else None)
+    assert spec.fn.jitted._cache_size() - before <= 1
 
 
 @pytest.mark.parametrize("discount", [1.0, 0.95, 0.5, 0.01, 0.0])

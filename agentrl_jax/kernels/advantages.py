@@ -340,7 +340,8 @@ def jit_estimator(
 
     Args:
       name: used in error messages.
-      impl: the pure function (traced, never called eagerly); ``fn.impl`` keeps it.
+      impl: the pure function (traced, never called eagerly); ``fn.impl`` keeps it and
+        ``fn.jitted`` its jitted form.
       needs_values: ``values`` must be given.
       needs_states: ``batch.state_ids`` must be set (state-keyed estimators).
       kl_reward: ``impl`` subtracts ``config.kl_coef * kl`` from its token rewards.
@@ -361,6 +362,7 @@ def jit_estimator(
         return jitted(batch, config, values, kl if kl_reward else None)
 
     fn.impl = impl
+    fn.jitted = jitted  # its compilation cache is what a test of "compiled once" reads
     return fn
 
 
