@@ -271,6 +271,8 @@ class Sampler:
             the vocabulary, or when a row's conversation so far + new tokens + max_new_tokens
             does not fit in the cache.
         """
+        if self.state is None:
+            raise RuntimeError("the sampler holds no weights (released): set_state first")
         sampling = sampling or self.sampling
         rng = as_typed_key(rng)
         if rng.shape not in ((), (cache.batch,)):

@@ -689,6 +689,7 @@ class Trainer:
         self._sync_sampler()
         sampling = rl_sampling(cfg)
         trajs = self.worker.run(tasks, rng, sampling=sampling)
+        self.sampler.release()  # its own copy of the policy is not held through the update
         t_rollout = time.perf_counter() - t0
 
         good = [t for t in trajs if not t.infra_failure and t.steps]
@@ -762,6 +763,7 @@ class Trainer:
             out[f"{prefix}/{level}/success_rate"] = overall.success_rate
             out[f"{prefix}/{level}/mean_steps"] = overall.mean_steps
             out[f"{prefix}/{level}/mean_return"] = overall.mean_return
+        self.sampler.release()  # the next rollout or evaluation syncs a fresh copy
         out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.meta["evals"][name] = {level: r.to_json() for level, r in results.items()}
         summary = [
