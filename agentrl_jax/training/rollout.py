@@ -31,6 +31,7 @@ import numpy as np
 
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.sampling import SamplingParams
+from agentrl_jax.training import chaos
 from agentrl_jax.training.chat import ChatTemplate
 from agentrl_jax.training.trajectory import Step, Trajectory
 
@@ -224,6 +225,8 @@ class RolloutWorker:
         if cfg.context_mode == "episode" and not expert:
             cache = self.sampler.start(len(episodes), cfg.max_seq_len)
         used = np.zeros(len(episodes), np.int64)
+        # RL's rollouts (a chaos kill point); greedy evaluations and demonstrations are not.
+        sampled = not expert and not (sampling or self.sampler.sampling).greedy
 
         for turn in range(cfg.max_turns):
             if not any(live):
@@ -318,6 +321,8 @@ class RolloutWorker:
                     continue
                 choices[i] = self._choices(res.observation)
                 trajs[i].steps.append(_empty_step(res.info))
+            if turn == 0 and sampled:
+                chaos.maybe_kill("rollout")
         for i, traj in enumerate(trajs):
             # Episodes still running at max_turns: the last observation got no action.
             if live[i] and traj.steps and not traj.steps[-1].action_ids:
