@@ -84,6 +84,34 @@ def test_failure_while_writing_leaves_previous_checkpoint_loadable(tmp_path):
     reopened.close()
 
 
+def test_a_write_cut_short_is_ignored_and_replaced(tmp_path):
+    """What a SIGKILL mid-write leaves (orbax's temporary directory, partly written) is never
+    restored; writing that step again replaces it. (The real kill: tests/test_train.py.)"""
+    directory = tmp_path / "ckpt"
+    ckpt = Checkpointer(str(directory))
+    assert ckpt.write_finished() and ckpt.on_disk(2) == "absent"
+    ckpt.save(2, _state(2), {"n": 2})
+    ckpt.wait()
+    assert ckpt.write_finished() and ckpt.on_disk(2) == "complete"
+    ckpt.close()
+    cut = directory / "3.orbax-checkpoint-tmp" / "state.orbax-checkpoint-tmp"
+    cut.mkdir(parents=True)
+    (cut / "partial").write_bytes(b"\0" * 10)
+
+    resumed = Checkpointer(str(directory))
+    assert resumed.on_disk(3) == "writing" and resumed.latest_step() == 2
+    step, state, meta = resumed.restore_latest(jax.eval_shape(lambda: _state(0)))
+    assert (step, meta) == (2, {"n": 2})
+    resumed.save(3, _state(3), {"n": 3})
+    resumed.wait()
+    assert resumed.on_disk(3) == "complete" and resumed.latest_step() == 3
+    assert not (directory / "3.orbax-checkpoint-tmp").exists()
+    np.testing.assert_array_equal(
+        resumed.restore(3, jax.eval_shape(lambda: _state(0)))[0]["step"], 3
+    )
+    resumed.close()
+
+
 def test_meta_is_plain_json(tmp_path):
     ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=False)
     ckpt.save(3, _state(3), {"a": [1, 2]})

@@ -1,13 +1,15 @@
 """Orbax checkpoints of the whole training state: keep the last k and the best, asynchronously.
 
 A checkpoint holds two items: ``state`` (a pytree of arrays: the trainer saves params, optimizer
-states, the value model and the step counter) and ``meta`` (JSON: phase, RL iteration, curriculum
-state, the SFT data-iterator state, evaluations). What never changes during a run (the frozen KL
-reference policy) is written once as a *frozen item* beside the numbered checkpoints
-(``save_frozen``: ``directory/<name>``), and the checkpoints' meta names it. No RNG state is
-saved: the trainer derives every key from (seed, iteration), so a resumed run draws the same
-numbers. Orbax writes each step into a temporary directory and renames it when complete, so a
-crash or a failure mid-write leaves the previous checkpoint intact and loadable.
+states, the value model and the step counter) and ``meta`` (JSON: phase, RL iteration, the
+checkpoint counter, curriculum state, the SFT data-iterator state, evaluations). What never
+changes during a run (the frozen KL reference policy) is written once as a *frozen item* beside
+the numbered checkpoints (``save_frozen``: ``directory/<name>``), and the checkpoints' meta names
+it. No RNG state is saved: the trainer derives every key from (seed, iteration), so a resumed run
+draws the same numbers. Orbax writes each step into ``<step>.orbax-checkpoint-tmp`` and renames it
+to ``<step>`` when complete, so a crash, a SIGKILL or a failure mid-write leaves the previous
+checkpoint intact and loadable: ``latest_step`` never sees the unfinished directory, and writing
+that step again replaces it (``on_disk`` tells the three states apart).
 
 A write that fails (disk full, read-only or vanished directory) raises
 :class:`CheckpointWriteError` naming the checkpoint's path, from ``save`` (synchronous writes, or
@@ -29,6 +31,9 @@ from etils import epath  # orbax's path library: local paths and URLs alike
 from orbax.checkpoint import checkpoint_managers as cm
 
 from agentrl_jax.training import paths
+
+# What orbax appends to a step's directory name while writing it (renamed away when complete).
+TMP_SUFFIX = ".orbax-checkpoint-tmp"
 
 
 class CheckpointWriteError(RuntimeError):
@@ -90,6 +95,20 @@ class Checkpointer:
     def step_path(self, step: int) -> str:
         """The directory checkpoint ``step`` is (or would be) written to."""
         return os.path.join(self.directory, str(step))
+
+    def on_disk(self, step: int) -> str:
+        """Where checkpoint ``step`` stands on disk: ``"complete"`` (its directory is final),
+        ``"writing"`` (only orbax's temporary ``<step>.orbax-checkpoint-tmp`` exists: a write
+        under way, or one a killed process never finished) or ``"absent"``."""
+        if epath.Path(self.step_path(step)).exists():
+            return "complete"
+        if any(epath.Path(self.directory).glob(f"{step}{TMP_SUFFIX}*")):
+            return "writing"
+        return "absent"
+
+    def write_finished(self) -> bool:
+        """Whether the last write started is complete on disk (True when none is under way)."""
+        return self._writing is None or self.on_disk(self._writing) == "complete"
 
     def _failed(self, step: int, error: BaseException) -> CheckpointWriteError:
         previous = self.latest_step()

@@ -190,8 +190,18 @@ class Learner:
         layout (``state_shardings``): the logical-axis rules for parameters, the same for their
         moments, scalars replicated.
         """
-        out = {} if self.mesh is None else {"out_shardings": self.state_shardings}
-        return jax.jit(self._new_state, **out)(_params(policy), _params(value_model))
+        return jax.jit(self._new_state, out_shardings=self._placement())(
+            _params(policy), _params(value_model)
+        )
+
+    def _placement(self):
+        """Where ``init`` puts the state: by ``state_shardings`` on a mesh, else committed to the
+        first device, where a restored state is too (orbax places every array it reads). An
+        uncommitted and a committed argument make two programs of every jitted step, so a
+        resumed run would otherwise compile its programs twice."""
+        if self.mesh is None:
+            return jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        return self.state_shardings
 
     def abstract_state(
         self, policy: nnx.Module, value_model: nnx.Module | None = None

@@ -20,7 +20,7 @@ import jax
 import numpy as np
 
 from agentrl_jax import kernels
-from agentrl_jax.training import envrl_data, multihost, rl_batch
+from agentrl_jax.training import chaos, envrl_data, multihost, rl_batch
 from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.learner import Learner, TrainState
 from agentrl_jax.training.trajectory import Trajectory
@@ -158,6 +158,7 @@ class RLUpdate:
             self.learner.place_replicated(np.stack(plan).astype(np.int32)),
             self.learner.place_replicated(stacked),
         )
+        chaos.maybe_kill("update")  # dispatched; its state and metrics not yet back
         metrics = jax.device_get(metrics)
         out = {k: float(np.mean(v)) for k, v in metrics.items()}
         out["train/skipped_nonfinite"] = float(np.sum(metrics["train/skipped_nonfinite"]))

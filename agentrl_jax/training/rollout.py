@@ -43,6 +43,7 @@ from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.sampling.logits import as_typed_key, fold_in
+from agentrl_jax.training import chaos
 from agentrl_jax.training.chat import ChatTemplate
 from agentrl_jax.training.trajectory import Step, Trajectory
 
@@ -407,6 +408,10 @@ class _WaveActor:
 
     def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
         cfg, w = self.config, self.worker
+        if turn == 1 and not self.expert and not (self.sampling or w.sampler.sampling).greedy:
+            # Mid-rollout of RL (a chaos kill point): the first turn played and stepped.
+            # Greedy evaluations and demonstrations are not.
+            chaos.maybe_kill("rollout")
         feed = []
         for ep in episodes:
             ids = self._context(turn, ep) if ep.live else []

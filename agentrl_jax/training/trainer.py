@@ -44,7 +44,7 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import envrl_data, multihost, paths, sft_data, workdir_config
+from agentrl_jax.training import chaos, envrl_data, multihost, paths, sft_data, workdir_config
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -335,6 +335,8 @@ class Trainer:
             keep_best=cfg.checkpoint.keep_best,
             best_metric="eval/success_rate",
         )
+        # A chaos kill (tests only) waits for the checkpoint writes under way.
+        chaos.settle_with(self.checkpointer.write_finished)
         self.writer = SummaryWriter(
             os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
         )
@@ -472,7 +474,12 @@ class Trainer:
         self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
-        """Checkpoints everything; checkpoints are numbered in order (``meta['checkpoint']``)."""
+        """Checkpoints everything; checkpoints are numbered in order (``meta['checkpoint']``).
+
+        The metrics logged so far are flushed first: a run killed after this checkpoint resumes
+        past them and never writes them again.
+        """
+        self.writer.flush()
         self.meta["checkpoint"] = int(self.meta.get("checkpoint", -1)) + 1
         with self.watchdog.guard(f"checkpoint {self.meta['checkpoint']}"):
             self._save(metrics)
@@ -481,7 +488,9 @@ class Trainer:
         meta = dict(self.meta, curriculum=self.curriculum.state_dict())
         if self.ref_policy is not None:
             meta["reference"] = REFERENCE
-        self.checkpointer.save(self.meta["checkpoint"], self._state_tree(), meta, metrics)
+        step = self.meta["checkpoint"]
+        self.checkpointer.save(step, self._state_tree(), meta, metrics)
+        chaos.maybe_kill("checkpoint", ready=lambda: self.checkpointer.on_disk(step) == "writing")
 
     def restore(self) -> bool:
         """Restores the newest checkpoint, if any; returns whether it did."""
@@ -514,7 +523,12 @@ class Trainer:
         meta.pop("has_ref", None)
         meta.pop("reference", None)
         self.meta = meta
-        logging.info("resumed from checkpoint %d (phase %s)", step, meta["phase"])
+        if meta["phase"] == "sft":
+            done = f"SFT step {int(self.sft_state.step)}"
+        else:
+            done = f"RL iteration {int(meta['rl_iteration'])}"
+        # tests/test_chaos.py reads this line to tell where a killed run resumed.
+        logging.info("resumed from checkpoint %d (phase %s, after %s)", step, meta["phase"], done)
         return True
 
     # ------------------------------------------------------------------ phases
@@ -610,8 +624,10 @@ class Trainer:
                         self.meta["sft_iterator"] = iterator.get_state()
                         watchdog.disarm()
                         self.save()
+                        chaos.maybe_kill("sft_epoch")
                         epoch += 1
                         watchdog.arm(f"SFT epoch {epoch}")
+                    chaos.maybe_kill("sft_step")
             nnx.update(self.policy, self.sft_state.policy)
             if self.critic is not None:
                 # The critic's trunk starts from the SFT policy's.
