@@ -98,4 +98,5 @@ def test_resuming_with_a_changed_config_names_the_fields(tmp_path):
     assert line.startswith(f"resume error: {workdir / 'config.json'} (the run being resumed)")
     assert "seed 5 -> 0;" in line and "--allow_config_change" in line
     assert (workdir / "config.json").read_text() == before
-    assert sorted(p.name for p in workdir.iterdir()) == ["config.json"]  # nothing was started
+    # Nothing was started: only the log file of this refused attempt was added.
+    assert sorted(p.name for p in workdir.iterdir()) == ["config.json", "logs"]

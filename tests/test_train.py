@@ -243,7 +243,7 @@ def test_console_shows_progress_and_the_log_file_the_library_logs(reference_run)
     workdir, text = reference_run
     assert not _absl_lines(text), _absl_lines(text)[:5]
     assert "orbax" not in text
-    assert "SFT: 2 steps (2 epochs of 1 batches of 2)" in text
+    assert "SFT: 4 steps (2 epochs of 2 batches of 1)" in text  # the flags: batches of 1
     assert "RL: iterations 1-3 of 3, 2 tasks x 2 rollouts each (grpo)" in text
     assert re.search(r"rl: +\d+%\|.*\| \d/3 \[\d\d:\d\d<\d\d:\d\d", text)  # elapsed<ETA
     # Written between the bar's redraws (tqdm.write), each on a line of its own.
