@@ -476,7 +476,7 @@ def _bombs() -> list[Attack]:
     fill = {
         f"fill_{n}": (
             f"for i in $(seq 12); do head -c 3M /dev/zero > {d}/f$i || break; done;"
-            f" echo USED $(du -sk {d} | cut -f1)"
+            f" echo USED $(du -skx {d} | cut -f1)"  # -x: not the exposed paths bound under it
         )
         for n, d in (("tmp", "/tmp"), ("dev_shm", "/dev/shm"))
     }
@@ -606,6 +606,16 @@ def _reached(listeners: list[socket.socket]) -> list[str]:
     return got
 
 
+def _visible_base() -> pathlib.Path:
+    """A host directory the jail shows read-only: the checkout, unless it lies under a path the
+    jail masks (a clone in /tmp or /home), else /var/lib."""
+    masked = (*base.sandbox_lib.DEFAULT_HIDDEN, "/tmp", "/dev/shm")
+    real = os.path.realpath(REPO_ROOT)
+    if any(real == m or real.startswith(m + "/") for m in masked):
+        return pathlib.Path("/var/lib")
+    return REPO_ROOT
+
+
 @pytest.fixture(scope="module", params=base.BACKENDS)
 def task(request, tmp_path_factory):
     backend = request.param
@@ -618,7 +628,7 @@ def task(request, tmp_path_factory):
         "from calc import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n"
     )
     # Visible in the jail (read-only), world-writable on the host: only the jail protects it.
-    canary_dir = pathlib.Path(tempfile.mkdtemp(prefix=".fuzz_canary_", dir=REPO_ROOT))
+    canary_dir = pathlib.Path(tempfile.mkdtemp(prefix=".fuzz_canary_", dir=_visible_base()))
     os.chmod(canary_dir, 0o777)
     canary = canary_dir / "canary.txt"
     canary.write_text("canary: unchanged\n")
