@@ -3,6 +3,8 @@
 import errno
 import json
 import os
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -162,6 +164,23 @@ def test_failed_write_names_the_path_and_the_previous_checkpoint_restores(
     reopened.wait()
     assert reopened.restore(2, jax.eval_shape(lambda: _state(0)))[1] == {"it": 2}
     reopened.close()
+
+
+def test_failed_write_waits_only_for_its_own_writer_threads(tmp_path, monkeypatch):
+    ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=True)
+    ckpt.save(1, _state(1), {"it": 1})
+    ckpt.wait()
+    _fail_writes(monkeypatch, errno.ENOSPC)
+    ckpt.save(2, _state(2), {"it": 2})
+    # A thread the run starts while the write is under way (data loading, say) never ends soon.
+    done = threading.Event()
+    threading.Thread(target=done.wait, args=(60,), daemon=True).start()
+    t0 = time.monotonic()
+    with pytest.raises(CheckpointWriteError, match="checkpoint 2"):
+        ckpt.wait()
+    assert time.monotonic() - t0 < 10, "the failure waited for a thread that is not orbax's"
+    done.set()
+    ckpt.close()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file permissions")

@@ -244,7 +244,9 @@ class Checkpointer:
         which the next attempt at that step deletes."""
         deadline = time.monotonic() + timeout_s
         for thread in set(threading.enumerate()) - self._threads_before_write:
-            if thread is threading.current_thread():
+            # Only orbax's own threads: others the run started since (data loading, the
+            # watchdog) are none of the checkpoint's business and may never end.
+            if thread is threading.current_thread() or not _is_orbax(thread):
                 continue
             # orbax's threads re-raise their own failure from join(); the first failure is
             # the one the caller reports.
@@ -257,6 +259,14 @@ class Checkpointer:
             self.wait()
         finally:
             self._manager.close()
+
+
+def _is_orbax(thread: threading.Thread) -> bool:
+    """Whether orbax started ``thread`` (its futures' thread class, or a target of its code)."""
+    target = getattr(thread, "_target", None)
+    return any(
+        (getattr(x, "__module__", None) or "").startswith("orbax") for x in (type(thread), target)
+    )
 
 
 def _as_abstract(x):
