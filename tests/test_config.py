@@ -34,9 +34,17 @@ REPORT_TASKS = {
     "configs/tiny_textworld.py:test": 1,
     "configs/tiny_textworld.py:smoke": 2,
 }
-# The 1.5B config's train steps take one row at a time (its memory plan, docs/performance.md).
-MICROBATCHES = {
-    "configs/textworld_qwen2_5_1_5b_ppo.py": {"rl.microbatch_size": 1, "sft.microbatch_size": 1}
+# The 1.5B config's train steps take one row at a time (its memory plan, docs/performance.md);
+# the tiny default's recipe is a small SFT warm start, then RL (docs/results.md, rl_learns).
+TUNED = {
+    "configs/textworld_qwen2_5_1_5b_ppo.py": {"rl.microbatch_size": 1, "sft.microbatch_size": 1},
+    "configs/tiny_textworld.py": {
+        "budget.total": 1880,
+        "budget.sft_fraction": 600 / 1880,
+        "rl.epochs": 2,
+        "rl.actor_lr": 5e-4,
+    },
+    "configs/tiny_textworld.py:smoke": {"rl.epochs": 2, "rl.actor_lr": 5e-4},
 }
 with open(SNAPSHOT) as _f:
     INTENDED_CHANGES: dict[str, dict[str, object]] = {
@@ -47,7 +55,7 @@ with open(SNAPSHOT) as _f:
             "env.report_levels": [],
             "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
             "watchdog_s": 0.0,
-            **MICROBATCHES.get(spec, {}),
+            **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()
     }

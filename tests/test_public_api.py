@@ -73,7 +73,7 @@ def test_import_is_lazy():
 def test_load_config_file_reads_the_arg_like_the_flag():
     path = os.path.join(REPO, "configs", "tiny_textworld.py")
     full, test = load_config_file(path), load_config_file(path + ":test")
-    assert full.budget.total == 4000 + 12 * 64 and test.budget.total == 24
+    assert full.budget.total == 600 + 20 * 64 and test.budget.total == 24
     assert tuple(full.plugins) == ()
     with pytest.raises(FileNotFoundError, match="nope.py"):
         load_config_file("configs/nope.py:test")
