@@ -43,8 +43,13 @@ TUNED = {
         "budget.sft_fraction": 600 / 1880,
         "rl.epochs": 2,
         "rl.actor_lr": 5e-4,
+        "rollout.max_new_tokens": 32,
     },
-    "configs/tiny_textworld.py:smoke": {"rl.epochs": 2, "rl.actor_lr": 5e-4},
+    "configs/tiny_textworld.py:smoke": {
+        "rl.epochs": 2,
+        "rl.actor_lr": 5e-4,
+        "rollout.max_new_tokens": 32,
+    },
 }
 with open(SNAPSHOT) as _f:
     INTENDED_CHANGES: dict[str, dict[str, object]] = {

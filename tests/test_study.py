@@ -117,6 +117,14 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
     assert (vs["low"], vs["high"]) == pytest.approx(
         (0.1 - t2 * 0.1 / math.sqrt(3), 0.1 + t2 * 0.1 / math.sqrt(3))
     )
+    # The RL gain over each cell's own after-SFT policy (0.5 in every cell): for alt 0.1, 0.3,
+    # 0.2, mean 0.2, sd 0.1; a cell without RL (after SFT only) has none.
+    gain = alt["rl_gain"]
+    assert gain["seeds"] == 3 and gain["mean"] == pytest.approx(0.2)
+    assert gain["high"] - gain["mean"] == pytest.approx(t2 * 0.1 / math.sqrt(3))
+    sft_only = dict(_cell(0.5), rl_iterations=False)
+    no_rl = study_lib.aggregate(study, {("base", 0): sft_only, ("alt", 0): _cell(0.7)})
+    assert "rl_gain" not in no_rl["variants"]["base"]["levels"]["simple@test"]
     # A cell not yet done: the means and the pairing use the seeds that exist.
     del cells[("alt", 2)]
     partial = study_lib.aggregate(study, cells)["variants"]["alt"]
@@ -125,6 +133,7 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
     md = study_lib.results_markdown(results)
     assert "| base | simple@test | 3 | 60.0% | [35.2, 84.8] | (reference) | |" in md
     assert "| alt | simple@test | 3 | 70.0% | [45.2, 94.8] | +10.0 | [-14.8, 34.8] |" in md
+    assert "| alt | simple@test | 3 | 50.0% | 70.0% | +20.0 | [-4.8, 44.8] |" in md
     assert (
         "| alt/seed-1 | simple@test | 50.0% | [40.0, 60.0] | 80.0% | [70.0, 90.0] | +30.0 |" in md
     )

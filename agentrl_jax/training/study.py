@@ -299,6 +299,21 @@ def aggregate(study: Study, cells: dict[tuple[str, int], dict[str, Any]]) -> dic
                 "low": low,
                 "high": high,
             }
+            # The RL gain over the same cell's after-SFT policy (same games, same demonstrations),
+            # over the seeds whose cell played RL.
+            gains = [
+                c["levels"][level]["gain"]["diff"]
+                for c in mine.values()
+                if c["rl_iterations"] and level in c["levels"]
+            ]
+            if gains:
+                g_mean, g_low, g_high = stats_lib.t_interval(gains)
+                entry["rl_gain"] = {
+                    "seeds": len(gains),
+                    "mean": g_mean,
+                    "low": g_low,
+                    "high": g_high,
+                }
             if variant != study.reference:
                 deltas = {
                     s: r - ref[s]["levels"][level]["final"]["rate"]
@@ -372,6 +387,29 @@ def results_markdown(results: dict[str, Any]) -> str:
             lines.append(
                 f"| {variant} | {level} | {len(e['seeds'])} | {_pct(e['mean'])} "
                 f"| {_ci(e['low'], e['high'])} | {diff} |"
+            )
+    lines += [
+        "",
+        "RL gain: the final policy against the same cell's policy after SFT, on the same games "
+        "(mean over the seeds whose cell played RL, 95% t interval).",
+        "",
+        "| variant | level | seeds | after SFT (mean) | final (mean) | RL gain (pts) | 95% CI |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for variant, v in results["variants"].items():
+        mine = [c for k, c in results["cells"].items() if k.split("/")[0] == variant]
+        for level, e in v["levels"].items():
+            g = e.get("rl_gain")
+            if not g:
+                continue
+            played = [
+                c["levels"][level] for c in mine if c["rl_iterations"] and level in c["levels"]
+            ]
+            before = sum(c["after_sft"]["rate"] for c in played) / len(played)
+            after = sum(c["final"]["rate"] for c in played) / len(played)
+            lines.append(
+                f"| {variant} | {level} | {g['seeds']} | {_pct(before)} | {_pct(after)} "
+                f"| {_pct(g['mean'], sign=True)} | {_ci(g['low'], g['high'])} |"
             )
     lines += [
         "",
