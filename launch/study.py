@@ -7,7 +7,9 @@ Each cell is a ``launch.train`` subprocess in ``WORKDIR/cells/<variant>/seed-<s>
 the same command resumes: finished cells (their ``done`` marker) are not run again, an interrupted
 cell continues from its last checkpoint. Writes ``WORKDIR/results.json``, ``results.md`` and
 ``learning_curve.png``. ``--parallel=2`` runs two cells at once (each needs the memory of one
-run: about 4.5 GB for the tiny default). The study file format: ``agentrl_jax/training/study.py``.
+run: about 4.5 GB for the tiny default). ``--reuse=studies/OTHER`` copies the finished cells of
+another study that ran the same config with the same code instead of running them again. The
+study file format: ``agentrl_jax/training/study.py``.
 Each cell's console output is its ``train.log`` (its library logs: ``run/logs/train.log``); the
 study's own library logs go to ``WORKDIR/logs/study.log``.
 """
@@ -20,6 +22,12 @@ from agentrl_jax.training import study as study_lib
 _STUDY = flags.DEFINE_string("study", None, "A configs/studies/NAME.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the cells and the results go.")
 _PARALLEL = flags.DEFINE_integer("parallel", 1, "Cells run at once (2 where memory allows).")
+_REUSE = flags.DEFINE_list(
+    "reuse",
+    [],
+    "Other studies' workdirs: their finished cells fill this study's cells that run the same "
+    "config with the same code (copied, never rerun), e.g. a baseline two studies share.",
+)
 
 
 def main(argv):
@@ -32,7 +40,11 @@ def main(argv):
         cli.usable_workdir(_WORKDIR.value)
         logs.to_workdir(_WORKDIR.value, "study")
         study_lib.run_study(
-            study, _WORKDIR.value, parallel=_PARALLEL.value, log=lambda m: print(m, flush=True)
+            study,
+            _WORKDIR.value,
+            parallel=_PARALLEL.value,
+            log=lambda m: print(m, flush=True),
+            reuse=_REUSE.value,
         )
     except study_lib.StudyError as e:
         cli.fail(f"study error: {e}")

@@ -185,7 +185,7 @@ def test_runner_resumes_without_repeating_finished_cells(tmp_path, monkeypatch):
     _fake_cells(tmp_path, monkeypatch)
     study, workdir, lines = study_lib.load_study(SMOKE), tmp_path / "study", []
     results = study_lib.run_study(study, str(workdir), parallel=2, log=lines.append)
-    assert "0 already done, 4 to run, 2 at a time" in lines[0]
+    assert "0 already done, 0 reused, 4 to run, 2 at a time" in lines[0]
     assert any("4/4 cells finished" in line and "ETA 0m00s" in line for line in lines)
     cells = workdir / "cells"
     for variant, seed in study.cells():
@@ -201,9 +201,54 @@ def test_runner_resumes_without_repeating_finished_cells(tmp_path, monkeypatch):
     (cells / "rloo" / "seed-1" / "done").unlink()
     lines.clear()
     study_lib.run_study(study, str(workdir), log=lines.append)
-    assert "3 already done, 1 to run" in lines[0]
+    assert "3 already done, 0 reused, 1 to run" in lines[0]
     assert (cells / "rloo" / "seed-1" / "ran").read_text() == "xx"
     assert (cells / "grpo" / "seed-0" / "ran").read_text() == "x"
+
+
+def test_reuse_copies_cells_with_the_same_config_and_code_and_runs_the_rest(tmp_path, monkeypatch):
+    _fake_cells(tmp_path, monkeypatch)
+    first = tmp_path / "first"
+    study_lib.run_study(study_lib.load_study(SMOKE), str(first), log=lambda m: None)
+    evaluation = "evaluation=dict(split='test', num_tasks=1, levels=('simple',))"
+    # "base" is the smoke study's grpo under another name; this "rloo" trains with other epochs.
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'base': {}, "
+        f"'rloo': {{'rl.algo': 'rloo', 'rl.epochs': 2}}}}, seeds=(0, 1), {evaluation})",
+    )
+    second, lines = tmp_path / "second", []
+    results = study_lib.run_study(
+        study_lib.load_study(path), str(second), log=lines.append, reuse=[str(first)]
+    )
+    assert "reused base/seed-0: the same config and code ran in" in "\n".join(lines)
+    assert "0 already done, 2 reused, 2 to run" in lines[0]
+    assert not any("start base" in line for line in lines)
+    for seed in (0, 1):
+        base = second / "cells" / "base" / f"seed-{seed}"
+        donor = first / "cells" / "grpo" / f"seed-{seed}"
+        assert (base / "reused_from").read_text().strip() == str(donor)
+        assert (base / "done").is_file() and (base / "ran").read_text() == "x"  # copied, not run
+        assert json.loads((base / "result.json").read_text()) == json.loads(
+            (donor / "result.json").read_text()
+        )
+        assert not (second / "cells" / "rloo" / f"seed-{seed}" / "reused_from").exists()
+    assert results["variants"]["base"]["levels"]["simple@test"]["mean"] == 0.5  # grpo's 2 of 4
+    # A cell that ran other code is never reused.
+    code = first / "cells" / "rloo" / "seed-0" / "code.json"
+    code.write_text(json.dumps({**json.loads(code.read_text()), "agentrl_jax/x.py": "0"}))
+    path = _write_study(
+        tmp_path,
+        f"dict(baseline='configs/tiny_textworld.py:test', variants={{'rloo': "
+        f"{{'rl.algo': 'rloo'}}}}, seeds=(0, 1), {evaluation})",
+    )
+    third, lines = tmp_path / "third", []
+    study_lib.run_study(
+        study_lib.load_study(path), str(third), log=lines.append, reuse=[str(first)]
+    )
+    assert (third / "cells" / "rloo" / "seed-1" / "reused_from").is_file()
+    assert not (third / "cells" / "rloo" / "seed-0" / "reused_from").exists()
+    assert any("start rloo/seed-0" in line for line in lines)
 
 
 def test_a_failed_cell_is_named_and_the_others_finish(tmp_path, monkeypatch):
@@ -249,7 +294,7 @@ def test_smoke_study_end_to_end_killed_and_resumed(textworld_games, tmp_path):
     text = out.read().decode(errors="replace")
     out.close()
     assert proc.returncode == 0, text[-4000:]
-    assert "1 already done, 3 to run" in text
+    assert "1 already done, 0 reused, 3 to run" in text
     assert "start grpo/seed-0" not in text
     assert (first / "train.log").read_text().count("=== launch.study: cell") == 1
     assert (first / "result.json").stat().st_mtime == result_mtime

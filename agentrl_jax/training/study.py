@@ -32,11 +32,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import glob
 import importlib.util
 import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -209,6 +211,65 @@ def cell_dir(workdir: str, variant: str, seed: int) -> str:
 
 def is_done(workdir: str, variant: str, seed: int) -> bool:
     return os.path.isfile(os.path.join(cell_dir(workdir, variant, seed), "done"))
+
+
+def cell_code() -> dict[str, str]:
+    """The code a cell trains with: every file of the package but this runner's own (a change to
+    the runner's tables changes no cell's run)."""
+    from agentrl_jax.training.multihost import code_fingerprint  # noqa: PLC0415
+
+    return {k: v for k, v in code_fingerprint().items() if k != "agentrl_jax/training/study.py"}
+
+
+def reuse_cells(
+    workdir: str, pending: Sequence[tuple[str, int]], sources: Sequence[str]
+) -> dict[tuple[str, int], str]:
+    """Fills pending cells from finished cells of other studies that ran the same thing.
+
+    A source cell qualifies when it is done, its ``cell_config.json`` holds the same config (the
+    variant's name does not matter) and its ``code.json`` the same code as this checkout's (a
+    cell run by other code is never reused). Its folder is copied whole, ``reused_from`` names
+    it, and the ``done`` marker comes last, so a copy cut short is simply run.
+
+    Returns:
+      (variant, seed) -> the source cell folder, for the cells filled.
+    """
+    code = cell_code()
+    donors: list[tuple[dict[str, Any], str]] = []
+    for source in sources:
+        for config_path in sorted(
+            glob.glob(os.path.join(source, "cells", "*", "*", "cell_config.json"))
+        ):
+            folder = os.path.dirname(config_path)
+            code_path = os.path.join(folder, "code.json")
+            if not (os.path.isfile(os.path.join(folder, "done")) and os.path.isfile(code_path)):
+                continue
+            with open(code_path) as f:
+                if json.load(f) != code:
+                    continue
+            with open(config_path) as f:
+                donors.append((json.load(f), folder))
+    filled = {}
+    for cell in pending:
+        folder = cell_dir(workdir, *cell)
+        with open(os.path.join(folder, "cell_config.json")) as f:
+            mine = json.load(f)
+        source = next((d for c, d in donors if c == mine), None)
+        if source is None:
+            continue
+        for name in os.listdir(source):
+            if name in ("done", "cell_config.json"):
+                continue
+            src, dst = os.path.join(source, name), os.path.join(folder, name)
+            if os.path.isdir(src):
+                shutil.rmtree(dst, ignore_errors=True)
+                shutil.copytree(src, dst, symlinks=True)
+            else:
+                shutil.copy2(src, dst)
+        write_atomic(os.path.join(folder, "reused_from"), os.path.abspath(source) + "\n")
+        write_atomic(os.path.join(folder, "done"), time.ctime() + "\n")
+        filled[cell] = source
+    return filled
 
 
 def write_atomic(path: str, text: str) -> None:
@@ -569,9 +630,13 @@ def run_study(
     parallel: int = 1,
     log: Callable[[str], None] = print,
     repo: str | None = None,
+    reuse: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Runs every unfinished cell (``parallel`` at a time), then writes results.json, results.md
     and learning_curve.png from every finished cell. Returns the results.
+
+    ``reuse``: other studies' workdirs whose finished cells fill this study's cells that would
+    run the same config with the same code (``reuse_cells``), e.g. a shared baseline.
 
     Raises:
       StudyError: a cell's config is invalid (before anything runs), or a cell failed (after the
@@ -584,11 +649,15 @@ def run_study(
     configs = prepare(study, workdir)
     cells = study.cells()
     pending = [c for c in cells if not is_done(workdir, *c)]
+    reused = reuse_cells(workdir, pending, reuse) if reuse and pending else {}
+    pending = [c for c in pending if c not in reused]
     log(
         f"study {study.name}: {len(cells)} cells ({len(study.variants)} variants x "
-        f"{len(study.seeds)} seeds), {len(cells) - len(pending)} already done, "
-        f"{len(pending)} to run, {parallel} at a time; workdir {workdir}"
+        f"{len(study.seeds)} seeds), {len(cells) - len(pending) - len(reused)} already done, "
+        f"{len(reused)} reused, {len(pending)} to run, {parallel} at a time; workdir {workdir}"
     )
+    for cell, source in reused.items():
+        log(f"  reused {cell[0]}/seed-{cell[1]}: the same config and code ran in {source}")
     if pending:
         n = generate_games([configs[c] for c in pending])
         if n:
@@ -597,11 +666,13 @@ def run_study(
     durations: list[float] = []
     failed: list[str] = []
     queue = list(pending)
+    code = cell_code()
     start = time.monotonic()
     while queue or running:
         while queue and len(running) < parallel:
             cell = queue.pop(0)
             folder = cell_dir(workdir, *cell)
+            write_atomic(os.path.join(folder, "code.json"), json.dumps(code, indent=0) + "\n")
             logf = open(os.path.join(folder, "train.log"), "ab")  # noqa: SIM115 - closed on exit
             logf.write(
                 f"=== launch.study: cell {cell[0]}/seed-{cell[1]} started {time.ctime()}\n".encode()
@@ -671,10 +742,12 @@ __all__ = [
     "Study",
     "StudyError",
     "aggregate",
+    "cell_code",
     "cell_config",
     "collect_cell",
     "load_study",
     "plot_study_curve",
     "results_markdown",
+    "reuse_cells",
     "run_study",
 ]
