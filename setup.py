@@ -30,6 +30,7 @@ EXTRAS = {
     "test": [
         "pytest==9.0.3",
         "pytest-timeout>=2.3",
+        "pytest-xdist==3.8.0",
         "ruff==0.17.5",
         "torch==2.13.0",
         "nbclient==0.11.0",

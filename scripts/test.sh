@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test command: lint, format check, then the default (fast) test suite.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh -m slow`.
+# Two pytest workers (most cases compile on one core), each taking whole files so a module's
+# fixtures are built once; the slowest cases are listed at the end.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-.venv/bin/python -m pytest -q -m "not slow" "$@"
+.venv/bin/python -m pytest -q -n 2 --dist=loadfile --durations=20 -m "not slow" "$@"

@@ -1,6 +1,7 @@
 """The study runner: study files, cell configs, aggregation over seeds, and (slow) a whole study
 killed mid-way and resumed."""
 
+import glob
 import json
 import math
 import os
@@ -37,6 +38,31 @@ def test_smoke_study_cells_get_the_overrides_seed_and_evaluation():
     assert (
         from_config_dict(study_lib.cell_config(study, "grpo", 0), num_devices=1).rl.algo == "grpo"
     )
+
+
+STUDIES = sorted(glob.glob(os.path.join(REPO, "configs", "studies", "*.py")))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=os.path.basename)
+def test_every_shipped_study_validates_every_cell(path, tmp_path):
+    """Every cell's config passes launch.train's validation before a study spends any compute."""
+    study = study_lib.load_study(path)
+    configs = study_lib.prepare(study, str(tmp_path))
+    assert sorted(configs) == sorted(study.cells()) and len(study.seeds) >= 2
+
+
+def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
+    """reward's dense and decoding's constrained cells are rl_learns' sft_rl cells, config for
+    config, so --reuse copies them."""
+    studies = {n: study_lib.load_study(os.path.join(REPO, "configs", "studies", f"{n}.py"))
+               for n in ("rl_learns", "reward", "decoding")}  # fmt: skip
+    for name, study in studies.items():
+        study_lib.prepare(study, str(tmp_path / name))
+    cell = lambda name, variant: json.loads(  # noqa: E731
+        (tmp_path / name / "cells" / variant / "seed-1" / "cell_config.json").read_text()
+    )
+    assert cell("reward", "dense") == cell("rl_learns", "sft_rl") == cell("decoding", "constrained")
+    assert cell("reward", "sparse") != cell("rl_learns", "sft_rl")
 
 
 @pytest.mark.parametrize(

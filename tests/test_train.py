@@ -44,8 +44,8 @@ from configs import tiny_textworld  # noqa: E402
         (dict(rl=dict(aggregation="mean")), "aggregation"),
         (dict(rl=dict(task_pool="fresh")), r"config.rl.task_pool is 'fresh'; valid choices"),
         (
-            dict(env=dict(num_train_tasks=400)),
-            r"num_train_tasks=400 .* leave none after the budget's 400 demonstrations",
+            dict(env=dict(num_train_tasks=60)),
+            r"num_train_tasks=60 .* leave none after the budget's 60 demonstrations",
         ),
         (dict(sft=dict(end_lr_fraction=1.5)), r"config.sft.end_lr_fraction is 1.5"),
         (dict(rl=dict(ratio_level="seq")), r"config.rl.ratio_level='seq': expected 'auto'"),
@@ -259,9 +259,12 @@ def test_console_shows_progress_and_the_log_file_the_library_logs(reference_run)
     assert any("trainer.py" in line and "rl 3/3: success" in line for line in info)
 
 
-def test_eval_entry_point_reports_and_plots(reference_run, textworld_games):
+def test_eval_entry_point_reports_and_plots(reference_run, textworld_games, compile_cache):
     workdir, _ = reference_run
-    env = dict(os.environ, AGENTRL_CACHE=str(textworld_games["root"]), XLA_FLAGS="")
+    # The reference run's compilation cache: its evaluations compiled the same sampler programs.
+    env = dict(
+        os.environ, AGENTRL_CACHE=str(textworld_games["root"]), XLA_FLAGS="", **compile_cache
+    )
     cmd = [
         sys.executable,
         "-m",
