@@ -6,7 +6,8 @@ never printed, no connection seen by the host's listeners), the attack must have
 limits (time, output, memory, processes), no process of it may be left, and the next command
 still runs (each command starts by printing a sentinel; a pytest run in the repository ends the
 task). An attack that succeeds prints ``ESCAPED`` (spelled so that the script's own text, which
-/proc shows, never contains it).
+/proc shows, never contains it). A positive control plays a dozen of the attacks without a jail:
+each must get out there and the same checks must catch it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 import hashlib
 import os
 import pathlib
+import re
 import shlex
 import shutil
 import socket
@@ -616,12 +618,12 @@ def _visible_base() -> pathlib.Path:
     return REPO_ROOT
 
 
-@pytest.fixture(scope="module", params=base.BACKENDS)
-def task(request, tmp_path_factory):
-    backend = request.param
+@contextlib.contextmanager
+def _task_on(backend: str, root: pathlib.Path, box_factory=Sandbox):
+    """A task's host side (canaries, listeners, secrets) around a ``box_factory`` box."""
     old_secret = os.environ.get("AGENTRL_FUZZ_SECRET")
     os.environ["AGENTRL_FUZZ_SECRET"] = SECRET  # the caller's environment holds a secret
-    workspace = tmp_path_factory.mktemp(f"fuzz_{backend}") / "repo"
+    workspace = root / "repo"
     workspace.mkdir()
     (workspace / "calc.py").write_text("def add(a, b):\n    return a + b\n")
     (workspace / "test_calc.py").write_text(
@@ -639,7 +641,7 @@ def task(request, tmp_path_factory):
     os.chmod(hidden_dir / "patch.diff", 0o644)
     root_secret = None
     if os.geteuid() == 0 and os.path.isdir("/root"):
-        root_secret = pathlib.Path(f"/root/.{NAME}_secret")
+        root_secret = pathlib.Path(f"/root/.{NAME}_{backend}_secret")
         root_secret.write_text(SECRET)
         os.chmod(root_secret, 0o644)  # readable by anyone: only the mask stops it
     tcp = socket.socket()
@@ -659,7 +661,7 @@ def task(request, tmp_path_factory):
     listeners = [tcp, udp, unix, abstract]
     for s in listeners:
         s.setblocking(False)  # a connection that got through waits in the backlog
-    box = Sandbox(
+    box = box_factory(
         str(workspace),
         LIMITS,
         backend=backend,
@@ -684,6 +686,13 @@ def task(request, tmp_path_factory):
             os.environ.pop("AGENTRL_FUZZ_SECRET", None)
         else:
             os.environ["AGENTRL_FUZZ_SECRET"] = old_secret
+
+
+@pytest.fixture(scope="module", params=base.BACKENDS)
+def task(request, tmp_path_factory):
+    backend = request.param
+    with _task_on(backend, tmp_path_factory.mktemp(f"fuzz_{backend}")) as t:
+        yield t
 
 
 def _check_contained(task: Task, attack: Attack, r: ExecResult, limits: Limits) -> None:
@@ -755,3 +764,57 @@ def test_fuzz_has_enough_attacks():
     default = [a for a in ATTACKS if a.id not in SLOW]
     assert len(default) >= 100, len(default)  # per backend, in the default run
     assert {a.family for a in default} == {a.family for a in ATTACKS}
+
+
+class HostBox:
+    """No jail: the attack as a plain subprocess of the host, for the positive control."""
+
+    backend = "host"
+    uid = -1  # no process runs as a sandbox uid
+
+    def __init__(self, workspace: str, limits: Limits, **_):
+        self.workspace, self.limits = workspace, limits
+
+    def run(self, command: str, limits: Limits) -> ExecResult:
+        import subprocess  # noqa: PLC0415
+
+        t0 = time.monotonic()
+        out = subprocess.run(
+            ["bash", "-c", command],
+            cwd=self.workspace,
+            capture_output=True,
+            text=True,
+            timeout=limits.timeout_s,
+        )
+        text = out.stdout + out.stderr
+        return ExecResult(out.returncode, text, total_bytes=len(text), wall_s=time.monotonic() - t0)
+
+    def close(self) -> None:
+        pass
+
+
+# Attacks that work on an unjailed host and are harmless there (they touch only the control's own
+# temporary canaries, listeners and secrets): each must get out, and the check must say so.
+CONTROLS = [
+    "net_tcp/python_localhost", "net_tcp/bash_dev_tcp_localhost", "net_udp/python_localhost",
+    "net_unix/python_host_socket_0777", "net_unix/python_abstract", "secrets/env",
+    "secrets/python_environ", "secrets/hidden_cat", "secrets/root_secret",
+    "write/canary_append", "write/canary_dir_new_file", "write/canary_remove",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("attack_id", CONTROLS)
+def test_positive_control_each_attack_escapes_without_the_jail(attack_id, tmp_path):
+    """Without the jail the attack gets out and ``_check_contained`` fails: the attack's code
+    works and the check can see it (a typo in either would make the fuzz pass silently)."""
+    if attack_id == "secrets/root_secret" and os.geteuid() != 0:
+        pytest.skip("the /root secret is written as root only")
+    (attack,) = [a for a in ATTACKS if a.id == attack_id]
+    with _task_on("host", tmp_path, box_factory=HostBox) as host:
+        r = host.box.run(f"echo {BEGIN}; {attack.script(host)}", limits=LIMITS)
+        assert BEGIN in r.output, r
+        with pytest.raises(AssertionError) as escaped:
+            _check_contained(host, attack, r, LIMITS)
+        # One of the escape checks failed, not a check of the command's limits or leftovers.
+        assert re.search(r"ESCAPED|fuzz-secret|AGENTRL_FUZZ_SECRET|connection|datagram|snapshot|"
+                         r"canary", str(escaped.value)), str(escaped.value)[-500:]  # fmt: skip
