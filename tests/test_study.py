@@ -151,6 +151,10 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
     sft_only = dict(_cell(0.5), rl_iterations=False)
     no_rl = study_lib.aggregate(study, {("base", 0): sft_only, ("alt", 0): _cell(0.7)})
     assert "rl_gain" not in no_rl["variants"]["base"]["levels"]["simple@test"]
+    # A success rate's interval stays in [0, 1] (the t interval of 0, 0.01, 0.05 reaches -5%).
+    low = {("base", s): _cell(r) for s, r in zip((0, 1, 2), (0.0, 0.01, 0.05))}
+    near_zero = study_lib.aggregate(study, low | {k: v for k, v in cells.items() if k[0] == "alt"})
+    assert near_zero["variants"]["base"]["levels"]["simple@test"]["low"] == 0.0
     # A cell not yet done: the means and the pairing use the seeds that exist.
     del cells[("alt", 2)]
     partial = study_lib.aggregate(study, cells)["variants"]["alt"]

@@ -41,6 +41,15 @@ NAME = f"agentrl_fuzz_{RUN_ID}"  # every file an attack tries to create outside 
 SECRET = f"fuzz-secret-{uuid.uuid4().hex}"
 PY = f"{shlex.quote(sys.executable)} -I -S"  # stdlib only: no site import keeps each start cheap
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[1]
+CHECKOUT_DIRS = {"work": REPO_ROOT.parent, "repo": REPO_ROOT}
+
+
+def _masked(path: pathlib.Path) -> bool:
+    """Whether the jail shows a private directory of its own at ``path`` (or above it)."""
+    real = os.path.realpath(path)
+    masked = (*base.sandbox_lib.DEFAULT_HIDDEN, "/tmp", "/dev/shm")
+    return any(real == m or real.startswith(m + "/") for m in masked)
+
 
 # Small limits so that bombs, floods and sleepers end within a second or two.
 LIMITS = Limits(
@@ -355,8 +364,6 @@ def _writes() -> list[Attack]:
         "var_tmp": f"/var/tmp/{NAME}",
         "home_parent": f"$HOME/../{NAME}",
         "root": f"/root/{NAME}",
-        "work": f"{REPO_ROOT.parent}/{NAME}",
-        "repo": f"{REPO_ROOT}/{NAME}",
         "usr_lib": f"/usr/lib/{NAME}",
         "proc_sys": "/proc/sys/kernel/hostname",
         "sysrq": "/proc/sysrq-trigger",
@@ -375,6 +382,14 @@ def _writes() -> list[Attack]:
     }
     # Writable in the jail but private to it: the host's directories must stay without the file.
     private_dirs = {"host_tmp": "/tmp", "dev_shm": "/dev/shm", "home": "$HOME"}
+    # The checkout and its parent are read-only in the jail, unless they lie where the jail puts
+    # a private directory of its own (a clone under /tmp or /home): there a write may work and
+    # only the host's directory (OUTSIDE_DIRS) decides.
+    for label, d in CHECKOUT_DIRS.items():
+        if _masked(d):
+            private_dirs[label] = str(d)
+        else:
+            targets[label] = f"{d}/{NAME}"
     private = {n: f"echo pwned > {d}/{NAME} && ls {d}/{NAME}" for n, d in private_dirs.items()}
     return (
         _family("write", {f"echo_{n}": f"echo pwned > {p} && {SAY}" for n, p in targets.items()})
@@ -591,7 +606,7 @@ def _snapshot(task_dirs: dict[str, pathlib.Path], canary_dir: pathlib.Path) -> d
 OUTSIDE_DIRS = {
     d: pathlib.Path(d)
     for d in ("/etc", "/tmp", "/var/tmp", "/root", "/", "/usr/lib", "/dev/shm", "/mnt")
-}
+} | CHECKOUT_DIRS
 
 
 def _reached(listeners: list[socket.socket]) -> list[str]:
@@ -611,11 +626,7 @@ def _reached(listeners: list[socket.socket]) -> list[str]:
 def _visible_base() -> pathlib.Path:
     """A host directory the jail shows read-only: the checkout, unless it lies under a path the
     jail masks (a clone in /tmp or /home), else /var/lib."""
-    masked = (*base.sandbox_lib.DEFAULT_HIDDEN, "/tmp", "/dev/shm")
-    real = os.path.realpath(REPO_ROOT)
-    if any(real == m or real.startswith(m + "/") for m in masked):
-        return pathlib.Path("/var/lib")
-    return REPO_ROOT
+    return pathlib.Path("/var/lib") if _masked(REPO_ROOT) else REPO_ROOT
 
 
 @contextlib.contextmanager

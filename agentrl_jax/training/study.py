@@ -353,6 +353,8 @@ def aggregate(study: Study, cells: dict[tuple[str, int], dict[str, Any]]) -> dic
             }
             rates = {s: r for s, r in rates.items() if r is not None}
             mean, low, high = stats_lib.t_interval(list(rates.values()))
+            # A success rate lies in [0, 1]; the t interval of a mean near 0 would reach below.
+            low, high = max(low, 0.0), min(high, 1.0)
             entry = {
                 "seeds": sorted(rates),
                 "per_seed": {str(s): r for s, r in sorted(rates.items())},
