@@ -21,6 +21,7 @@ import re
 import shlex
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -787,8 +788,6 @@ class HostBox:
         self.workspace, self.limits = workspace, limits
 
     def run(self, command: str, limits: Limits) -> ExecResult:
-        import subprocess  # noqa: PLC0415
-
         t0 = time.monotonic()
         out = subprocess.run(
             ["bash", "-c", command],

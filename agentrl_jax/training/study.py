@@ -218,23 +218,28 @@ def cell_code() -> dict[str, str]:
     the runner's tables changes no cell's run)."""
     from agentrl_jax.training.multihost import code_fingerprint  # noqa: PLC0415
 
-    return {k: v for k, v in code_fingerprint().items() if k != "agentrl_jax/training/study.py"}
+    runner = __name__.replace(".", "/") + ".py"  # agentrl_jax/training/study.py
+    return {k: v for k, v in code_fingerprint().items() if k != runner}
 
 
 def reuse_cells(
-    workdir: str, pending: Sequence[tuple[str, int]], sources: Sequence[str]
+    workdir: str,
+    pending: Sequence[tuple[str, int]],
+    sources: Sequence[str],
+    code: dict[str, str] | None = None,
 ) -> dict[tuple[str, int], str]:
     """Fills pending cells from finished cells of other studies that ran the same thing.
 
     A source cell qualifies when it is done, its ``cell_config.json`` holds the same config (the
     variant's name does not matter) and its ``code.json`` the same code as this checkout's (a
-    cell run by other code is never reused). Its folder is copied whole, ``reused_from`` names
-    it, and the ``done`` marker comes last, so a copy cut short is simply run.
+    cell run by other code is never reused; ``code``: this checkout's ``cell_code()``). Its
+    folder is copied whole, ``reused_from`` names it, and the ``done`` marker comes last, so a
+    copy cut short is simply run.
 
     Returns:
       (variant, seed) -> the source cell folder, for the cells filled.
     """
-    code = cell_code()
+    code = cell_code() if code is None else code
     donors: list[tuple[dict[str, Any], str]] = []
     for source in sources:
         for config_path in sorted(
@@ -364,15 +369,17 @@ def aggregate(study: Study, cells: dict[tuple[str, int], dict[str, Any]]) -> dic
             }
             # The RL gain over the same cell's after-SFT policy (same games, same demonstrations),
             # over the seeds whose cell played RL.
-            gains = [
-                c["levels"][level]["gain"]["diff"]
+            played = [
+                c["levels"][level]
                 for c in mine.values()
                 if c["rl_iterations"] and level in c["levels"]
             ]
-            if gains:
-                g_mean, g_low, g_high = stats_lib.t_interval(gains)
+            if played:
+                g_mean, g_low, g_high = stats_lib.t_interval([c["gain"]["diff"] for c in played])
                 entry["rl_gain"] = {
-                    "seeds": len(gains),
+                    "seeds": len(played),
+                    "after_sft_mean": sum(c["after_sft"]["rate"] for c in played) / len(played),
+                    "final_mean": sum(c["final"]["rate"] for c in played) / len(played),
                     "mean": g_mean,
                     "low": g_low,
                     "high": g_high,
@@ -460,20 +467,14 @@ def results_markdown(results: dict[str, Any]) -> str:
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for variant, v in results["variants"].items():
-        mine = [c for k, c in results["cells"].items() if k.split("/")[0] == variant]
         for level, e in v["levels"].items():
             g = e.get("rl_gain")
-            if not g:
-                continue
-            played = [
-                c["levels"][level] for c in mine if c["rl_iterations"] and level in c["levels"]
-            ]
-            before = sum(c["after_sft"]["rate"] for c in played) / len(played)
-            after = sum(c["final"]["rate"] for c in played) / len(played)
-            lines.append(
-                f"| {variant} | {level} | {g['seeds']} | {_pct(before)} | {_pct(after)} "
-                f"| {_pct(g['mean'], sign=True)} | {_ci(g['low'], g['high'])} |"
-            )
+            if g:
+                lines.append(
+                    f"| {variant} | {level} | {g['seeds']} | {_pct(g['after_sft_mean'])} "
+                    f"| {_pct(g['final_mean'])} | {_pct(g['mean'], sign=True)} "
+                    f"| {_ci(g['low'], g['high'])} |"
+                )
     lines += [
         "",
         "## Cells",
@@ -651,7 +652,8 @@ def run_study(
     configs = prepare(study, workdir)
     cells = study.cells()
     pending = [c for c in cells if not is_done(workdir, *c)]
-    reused = reuse_cells(workdir, pending, reuse) if reuse and pending else {}
+    code = cell_code()
+    reused = reuse_cells(workdir, pending, reuse, code) if reuse and pending else {}
     pending = [c for c in pending if c not in reused]
     log(
         f"study {study.name}: {len(cells)} cells ({len(study.variants)} variants x "
@@ -668,7 +670,6 @@ def run_study(
     durations: list[float] = []
     failed: list[str] = []
     queue = list(pending)
-    code = cell_code()
     start = time.monotonic()
     while queue or running:
         while queue and len(running) < parallel:
