@@ -65,9 +65,6 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "cache_slots": None,
 }
 
-# Logical axes of the KVCache fields (see agentrl_jax.models.kv_cache).
-KV_CACHE_AXES = ("layers", "batch", "cache_slots", "act_kv_heads", "head_dim")
-KV_LENGTHS_AXES = ("batch",)
 
 _log = logging.getLogger(__name__)
 M = TypeVar("M", bound=nnx.Module)
@@ -306,10 +303,12 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> None:
 
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
     """A KVCache-shaped pytree of NamedShardings for ``cache`` (for device_put / jit)."""
+    from agentrl_jax.models import kv_cache  # noqa: PLC0415 - models import this module
+
     return cache.replace(
-        k=named_sharding(mesh, KV_CACHE_AXES, cache.k.shape),
-        v=named_sharding(mesh, KV_CACHE_AXES, cache.v.shape),
-        lengths=named_sharding(mesh, KV_LENGTHS_AXES, cache.lengths.shape),
+        keys=tuple(named_sharding(mesh, kv_cache.KEYS_AXES, k.shape) for k in cache.keys),
+        values=tuple(named_sharding(mesh, kv_cache.VALUES_AXES, v.shape) for v in cache.values),
+        lengths=named_sharding(mesh, kv_cache.LENGTHS_AXES, cache.lengths.shape),
     )
 
 

@@ -1,4 +1,4 @@
-"""Group prefix sharing and the turn's working copy of the cache.
+"""Group prefix sharing.
 
 The G rollouts of one task start from the same prompt: the sampler prefills it once and every row
 of the group continues from that prefill. These tests count what the model is really given

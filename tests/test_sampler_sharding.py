@@ -33,12 +33,12 @@ def test_sharded_turns_equal_single_device():
         cache, turn_outs = sampler.start(4, 64), []
         for t, new in enumerate(turns):
             out = sampler.step_turn(cache, new, 8, jax.random.key(t))
-            assert cache.k.is_deleted()  # donated, also when sharded
+            assert cache.keys[0].is_deleted()  # donated, also when sharded
             cache = out.cache  # the next turn donates it: read its lengths now
             turn_outs.append((out, np.asarray(cache.lengths)))
         outs.append(turn_outs)
-    spec = cache.k.sharding.spec
-    assert spec[1] == ("data", "fsdp") and spec[3] == "tp", spec
+    spec = cache.keys[0].sharding.spec  # [B, K, H, S']
+    assert spec[0] == ("data", "fsdp") and spec[1] == "tp", spec
     assert nnx.state(sharded)["trunk"]["embed_vd"][...].sharding.mesh == mesh
     for (ref, ref_lengths), (got, got_lengths) in zip(*outs):
         assert got.token_lists() == ref.token_lists()

@@ -177,10 +177,14 @@ def test_kv_cache_shardings():
     mesh = sharding.make_mesh((2, 2, 2))
     cache = KVCache.create(TEST_CONFIG, batch=8, size=16)
     shardings = sharding.kv_cache_shardings(cache, mesh)
-    assert shardings.k.spec == P(None, ("data", "fsdp"), None, "tp", None)
+    # Per layer: keys [B, K, H, S], values [B, K, S, H]; rows over (data, fsdp), heads over tp.
+    assert len(shardings.keys) == len(shardings.values) == TEST_CONFIG.num_layers
+    assert shardings.keys[0].spec == P(("data", "fsdp"), "tp", None, None)
+    assert shardings.values[0].spec == P(("data", "fsdp"), "tp", None, None)
     assert shardings.lengths.spec == P(("data", "fsdp"))
     placed = jax.device_put(cache, shardings)
-    assert placed.k.addressable_shards[0].data.shape == (2, 2, 16, 1, 16)
+    assert placed.keys[0].addressable_shards[0].data.shape == (2, 1, 16, 16)
+    assert placed.values[0].addressable_shards[0].data.shape == (2, 1, 16, 16)
 
 
 def test_maybe_initialize_distributed_not_configured(monkeypatch):

@@ -338,7 +338,7 @@ def _prefill(sampler: Sampler, reference, cfg, sizes: Sizes, rng) -> tuple[Runs,
 
     def ours():
         cache = sampler.start(sizes.batch, sizes.prefill_len)
-        sampler.step_turn(cache, prompts, 0, key).cache.k.block_until_ready()
+        jax.block_until_ready(sampler.step_turn(cache, prompts, 0, key).cache)
 
     ids = torch.from_numpy(prompts.astype(np.int64))
 
@@ -367,7 +367,7 @@ def _decode(sampler: Sampler, reference, cfg, sizes: Sizes, slots: int, rng):
         for start in range(0, held.shape[1], _PREFILL_CHUNK):
             chunk = held[:, start : start + _PREFILL_CHUNK]
             cache = sampler.step_turn(cache, chunk, 0, jax.random.key(0)).cache
-        cache.k.block_until_ready()
+        jax.block_until_ready(cache)
         t0 = time.perf_counter()
         sampler.step_turn(cache, last, new, jax.random.key(new)).tokens.block_until_ready()
         return time.perf_counter() - t0

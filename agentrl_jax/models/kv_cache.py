@@ -1,5 +1,4 @@
-"""The preallocated key/value cache that a multi-turn episode keeps between turns, and the
-per-layer working copy a turn computes on."""
+"""The key/value cache that a multi-turn episode keeps between turns."""
 
 from __future__ import annotations
 
@@ -8,7 +7,11 @@ import jax
 import jax.numpy as jnp
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.sharding import constrain
+
+# Logical axes of a KVCache's per-layer arrays (see agentrl_jax.sharding.LOGICAL_AXIS_RULES).
+KEYS_AXES = ("batch", "act_kv_heads", "head_dim", "cache_slots")
+VALUES_AXES = ("batch", "act_kv_heads", "cache_slots", "head_dim")
+LENGTHS_AXES = ("batch",)
 
 
 @flax.struct.dataclass
@@ -19,99 +22,97 @@ class KVCache:
     new tokens writes them at ``lengths[b] + t`` and advances ``lengths[b]`` by the number of valid
     new tokens, so the next turn appends after the last one without re-encoding the history.
 
+    The arrays are laid out for the attention matmuls and kept so between turns: one array per
+    layer, keys slot-minor ([B, K, H, S']: scores are ``q @ k`` with no transpose), values
+    [B, K, S', H]. A decode step writes one slot per row per layer in place and reads its layer's
+    arrays as they are: no slice, transpose or working copy of the cache is made in a turn. (A
+    stacked [L, B, S, K, H] buffer cannot be read so: each layer's slice, and the key transpose,
+    were copies of the whole cache on every step or every turn.)
+
+    ``size`` is the slots reserved per row (what a conversation may grow to); ``slots`` (S') is
+    the slots allocated so far. The sampler allocates slots as a conversation grows, a power of
+    two at a time (``with_slots``), so attention reads about the filled part of the cache, not
+    every slot that a long episode reserved.
+
     Attributes:
-      k: [L, B, S, K, H] keys (L layers, S cache slots, K kv heads, H head dim).
-      v: [L, B, S, K, H] values.
+      keys: L arrays [B, K, H, S'] (K kv heads, H head dim).
+      values: L arrays [B, K, S', H].
       lengths: [B] int32, valid slots per sequence.
+      capacity: slots reserved per row (static), >= S'.
     """
 
-    k: jax.Array
-    v: jax.Array
+    keys: tuple[jax.Array, ...]
+    values: tuple[jax.Array, ...]
     lengths: jax.Array
+    capacity: int = flax.struct.field(pytree_node=False)
 
     @classmethod
-    def create(cls, config: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
-        shape = (config.num_layers, batch, size, config.num_kv_heads, config.head_dim)
+    def create(
+        cls, config: ModelConfig, batch: int, size: int, dtype=None, *, slots: int | None = None
+    ) -> KVCache:
+        """An empty cache reserving ``size`` slots per row, ``slots`` (default all) allocated."""
+        slots = size if slots is None else slots
+        if not 0 < slots <= size:
+            raise ValueError(f"KVCache.create: slots={slots}, expected in [1, size={size}]")
         dtype = dtype or config.dtype
+        k, h = config.num_kv_heads, config.head_dim
+        layers = range(config.num_layers)
         return cls(
-            k=jnp.zeros(shape, dtype),
-            v=jnp.zeros(shape, dtype),
+            keys=tuple(jnp.zeros((batch, k, h, slots), dtype) for _ in layers),
+            values=tuple(jnp.zeros((batch, k, slots, h), dtype) for _ in layers),
             lengths=jnp.zeros((batch,), jnp.int32),
+            capacity=size,
         )
 
     @property
     def size(self) -> int:
-        return self.k.shape[2]
+        """Slots reserved per row: the longest conversation the cache holds."""
+        return self.capacity
+
+    @property
+    def slots(self) -> int:
+        """Slots allocated so far (every row's ``lengths`` is at most this)."""
+        return self.values[0].shape[2]
 
     @property
     def batch(self) -> int:
-        return self.k.shape[1]
+        return self.lengths.shape[0]
 
+    @property
+    def k(self) -> jax.Array:
+        """Every layer's keys as one [L, B, size, K, H] array (a copy, for inspection)."""
+        return jnp.stack([self._reserved(k.transpose(0, 3, 1, 2)) for k in self.keys])
 
-# Logical axes of a DecodeCache's per-layer arrays (see agentrl_jax.sharding).
-_KEYS_AXES = ("batch", "act_kv_heads", "head_dim", "cache_slots")
-_VALUES_AXES = ("batch", "act_kv_heads", "cache_slots", "head_dim")
+    @property
+    def v(self) -> jax.Array:
+        """Every layer's values as one [L, B, size, K, H] array (a copy, for inspection)."""
+        return jnp.stack([self._reserved(v.transpose(0, 2, 1, 3)) for v in self.values])
 
+    def _reserved(self, x_bskh: jax.Array) -> jax.Array:
+        pad = self.capacity - x_bskh.shape[1]
+        return jnp.pad(x_bskh, ((0, 0), (0, pad), (0, 0), (0, 0)))
 
-@flax.struct.dataclass
-class DecodeCache:
-    """A working copy of a KVCache's first ``size`` slots, laid out for the attention matmuls.
-
-    A ``KVCache`` stacks every layer in one [L, B, S, K, H] array: one buffer to donate, shard
-    and checkpoint. Attention cannot read it in place: each layer's slice, and the key transpose
-    that the scores' matmul needs, are copies of the whole cache on every forward pass, which made
-    a decode step's cost grow ten times faster than its arithmetic. A turn therefore copies the
-    slots it can touch (the filled part plus the turn's own tokens, rounded up to a power of two)
-    into one array per layer, keys already transposed, runs prefill and every decode step on that
-    copy (each step writes one slot per row per layer in place and reads only the copied slots),
-    and writes it back once at the end (``store``).
-
-    Attributes:
-      k: L arrays [B, K, H, S'] of keys, slot-minor: scores are ``q @ k`` with no transpose.
-      v: L arrays [B, K, S', H] of values.
-      lengths: [B] int32 valid slots per sequence.
-    """
-
-    k: tuple[jax.Array, ...]
-    v: tuple[jax.Array, ...]
-    lengths: jax.Array
-
-    @classmethod
-    def load(cls, cache: KVCache, size: int, rows: jax.Array | None = None) -> DecodeCache:
-        """Copies slots ``[0, size)`` of ``cache`` (of the batch rows ``rows``, default all)."""
-        if not 0 < size <= cache.size:
-            raise ValueError(f"DecodeCache.load: size={size}, expected in [1, {cache.size}]")
-        k, v, lengths = cache.k[:, :, :size], cache.v[:, :, :size], cache.lengths
-        if rows is not None:
-            k, v, lengths = k[:, rows], v[:, rows], lengths[rows]
-        return cls(
-            k=tuple(constrain(k[i].transpose(0, 2, 3, 1), _KEYS_AXES) for i in range(k.shape[0])),
-            v=tuple(constrain(v[i].transpose(0, 2, 1, 3), _VALUES_AXES) for i in range(k.shape[0])),
-            lengths=lengths,
-        )
-
-    def store(self, cache: KVCache) -> KVCache:
-        """``cache`` with slots ``[0, size)`` replaced by this copy (in place when donated)."""
-        k = jnp.stack([k.transpose(0, 3, 1, 2) for k in self.k]).astype(cache.k.dtype)
-        v = jnp.stack([v.transpose(0, 2, 1, 3) for v in self.v]).astype(cache.v.dtype)
+    def with_slots(self, slots: int, capacity: int | None = None) -> KVCache:
+        """This cache with ``slots`` allocated (the new ones empty) out of ``capacity`` reserved
+        (default: as now); a copy of the cache, meant for a jitted, donating caller."""
+        capacity = self.capacity if capacity is None else capacity
+        if not max(self.slots, 1) <= slots <= capacity:
+            raise ValueError(
+                f"with_slots: slots={slots}, expected in [{self.slots}, capacity={capacity}]"
+            )
+        grow = slots - self.slots
         return KVCache(
-            k=jax.lax.dynamic_update_slice(cache.k, k, (0, 0, 0, 0, 0)),
-            v=jax.lax.dynamic_update_slice(cache.v, v, (0, 0, 0, 0, 0)),
+            keys=tuple(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))) for k in self.keys),
+            values=tuple(jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))) for v in self.values),
             lengths=self.lengths,
+            capacity=capacity,
         )
 
-    def gather(self, rows: jax.Array) -> DecodeCache:
-        """The copy of batch rows ``rows`` (e.g. one prefilled prefix given to a whole group)."""
-        return DecodeCache(
-            k=tuple(k[rows] for k in self.k),
-            v=tuple(v[rows] for v in self.v),
+    def gather(self, rows: jax.Array) -> KVCache:
+        """The cache of batch rows ``rows`` (e.g. one prefilled prefix given to a whole group)."""
+        return KVCache(
+            keys=tuple(k[rows] for k in self.keys),
+            values=tuple(v[rows] for v in self.values),
             lengths=self.lengths[rows],
+            capacity=self.capacity,
         )
-
-    @property
-    def size(self) -> int:
-        return self.v[0].shape[2]
-
-    @property
-    def batch(self) -> int:
-        return self.v[0].shape[0]

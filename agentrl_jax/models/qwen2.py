@@ -22,7 +22,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.kv_cache import DecodeCache, KVCache
+from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.sharding import constrain, shard_model
 
 _NEG_INF = -1e30
@@ -106,9 +106,9 @@ class Attention(nnx.Module):
 
         Args:
           cache_kv: None (teacher forcing: keys are the chunk's), or
-            ``(k_bkhs, v_bksh, write_bt)``: this layer's keys and values in a ``DecodeCache``,
+            ``(k_bkhs, v_bksh, write_bt)``: this layer's keys and values in a ``KVCache``,
             into which the chunk's keys and values are written at slots ``write_bt``
-            (out-of-bounds slots are dropped) before attending over all S slots.
+            (out-of-bounds slots are dropped) before attending over all S' allocated slots.
 
         Returns:
           ([B, T, D] output, the updated (k_bkhs, v_bksh) or None).
@@ -137,24 +137,57 @@ class Attention(nnx.Module):
         else:
             k_bkhs, v_bksh, write_bt = cache_kv
             rows_b1 = jnp.arange(b)[:, None]
-            # One slot per row and token, written in place (the arrays are a turn's working
-            # copy, threaded through the decode loop); the indexed axes come first in the update.
+            # One slot per row and token, written in place (the cache is donated to the turn and
+            # threaded through its decode loop); the indexed axes come first in the update.
             k_bkhs = k_bkhs.at[rows_b1, :, :, write_bt].set(k.astype(k_bkhs.dtype), mode="drop")
             v_bksh = v_bksh.at[rows_b1, :, write_bt].set(v.astype(v_bksh.dtype), mode="drop")
-            # Queries as the rows of one plain matmul per (row, kv head), X = G * T of them,
-            # against the cache in its stored layout: no copy or transpose of the cache.
-            q_bkxh = q_btkgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * t, h)
-            scores = jnp.einsum("bkxh,bkhs->bkxs", q_bkxh, k_bkhs.astype(dt))
-            scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
-            mask_bxs = jnp.tile(mask_bts, (1, g, 1))  # row x = (g, t) is query t's mask
-            scores = jnp.where(mask_bxs[:, None], scores, _NEG_INF)
-            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-            out_bkxh = jnp.einsum("bkxs,bksh->bkxh", probs, v_bksh.astype(dt))
-            out_btkgh = out_bkxh.reshape(b, kv, g, t, h).transpose(0, 3, 1, 2, 4)
+            out_btkgh = _cached_attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt)
             extra = (k_bkhs, v_bksh)
         out_btnh = out_btkgh.reshape(b, t, n, h)
         out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
         return out, extra
+
+
+# A prefill's queries attend over the cache in chunks of at most this many (query, slot) pairs
+# per row and head, so its scores stay about as large as one chunk's (a 512-token prompt over
+# 8,192 slots would otherwise hold [B, K, G * 512, 8192] float32 scores at once).
+_CACHED_SCORES_PER_CHUNK = 1 << 20
+
+
+def _cached_attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt):
+    """[B, T, K, G, H] attention of a chunk's queries over a cache row's S' slots.
+
+    The queries of a kv head, X = G * T of them, are the rows of one plain matmul against the
+    cache in its stored layout: no copy or transpose of the cache. Long chunks over many slots
+    are split into query chunks (``_CACHED_SCORES_PER_CHUNK``), run one after another.
+    """
+    b, t, kv, g, h = q_btkgh.shape
+    slots = k_bkhs.shape[-1]
+    chunk = t
+    while chunk * slots > _CACHED_SCORES_PER_CHUNK and chunk % 2 == 0 and chunk > 16:
+        chunk //= 2
+
+    def attend(q_bckgh, mask_bcs):
+        c = q_bckgh.shape[1]
+        q_bkxh = q_bckgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * c, h)
+        scores = jnp.einsum("bkxh,bkhs->bkxs", q_bkxh, k_bkhs.astype(dt))
+        scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+        mask_bxs = jnp.tile(mask_bcs, (1, g, 1))  # row x = (g, c) is query c's mask
+        scores = jnp.where(mask_bxs[:, None], scores, _NEG_INF)
+        # Softmax normalised after the values' matmul: the division runs over [.., H], not
+        # over every slot's probability (one pass fewer over the [B, K, X, S'] scores).
+        probs = jnp.exp(scores - jnp.max(scores, axis=-1, keepdims=True))
+        out_bkxh = jnp.einsum("bkxs,bksh->bkxh", probs.astype(dt), v_bksh.astype(dt))
+        out_bkxh = (out_bkxh / jnp.sum(probs, axis=-1, keepdims=True)).astype(dt)
+        return out_bkxh.reshape(b, kv, g, c, h).transpose(0, 3, 1, 2, 4)
+
+    if chunk == t:
+        return attend(q_btkgh, mask_bts)
+    n = t // chunk
+    q_nbckgh = q_btkgh.reshape(b, n, chunk, kv, g, h).swapaxes(0, 1)
+    mask_nbcs = mask_bts.reshape(b, n, chunk, slots).swapaxes(0, 1)
+    out_nbckgh = jax.lax.map(lambda a: attend(*a), (q_nbckgh, mask_nbcs))
+    return out_nbckgh.swapaxes(0, 1).reshape(b, t, kv, g, h)
 
 
 class MLP(nnx.Module):
@@ -326,18 +359,18 @@ class Qwen2Trunk(nnx.Module):
         tokens_bt: jax.Array,
         *,
         mask_bt: jax.Array | None = None,
-        cache: KVCache | DecodeCache | None = None,
+        cache: KVCache | None = None,
         num_new_b: jax.Array | None = None,
-    ) -> tuple[jax.Array, KVCache | DecodeCache | None]:
+    ) -> tuple[jax.Array, KVCache | None]:
         """Returns the final hidden states [B, T, D] and the updated cache (or None).
 
         Args:
           tokens_bt: [B, T] int token ids.
           mask_bt: [B, T] 1 on real tokens, 0 on padding (teacher forcing only; default all 1).
-          cache: a KVCache (or a turn's DecodeCache working copy, returned as one) to append to;
-            the chunk is right-padded with ``num_new_b`` valid tokens (``mask_bt`` is then
-            ignored). Tokens that would land at slot >= S are dropped, as nothing can raise
-            inside jit: callers check ``lengths + num_new_b <= S`` first.
+          cache: a KVCache to append to; the chunk is right-padded with ``num_new_b`` valid
+            tokens (``mask_bt`` is then ignored). Tokens that would land past the allocated
+            slots are dropped, as nothing can raise inside jit: callers check
+            ``lengths + num_new_b <= cache.slots`` first.
           num_new_b: [B] int valid new tokens per row when a cache is given (default T).
         """
         cfg = self.cfg
@@ -357,30 +390,30 @@ class Qwen2Trunk(nnx.Module):
             x_btd = self._run_layers(x_btd, cos_bth, sin_bth, mask_bts)
             return self.final_norm(x_btd), None
 
-        work = cache if isinstance(cache, DecodeCache) else DecodeCache.load(cache, cache.size)
         if num_new_b is None:
             num_new_b = jnp.full((b,), t, jnp.int32)
-        positions_bt = work.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
-        slots_s = jnp.arange(work.size, dtype=jnp.int32)
+        positions_bt = cache.lengths[:, None] + jnp.arange(t, dtype=jnp.int32)[None]
+        slots_s = jnp.arange(cache.slots, dtype=jnp.int32)
         mask_bts = slots_s[None, None, :] <= positions_bt[:, :, None]
-        # Padding rows of the chunk are written to slot S (out of bounds) and dropped, so a
+        # Padding rows of the chunk are written to slot S' (out of bounds) and dropped, so a
         # short row never overwrites its own history or spills into a neighbour's slots.
-        write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, work.size)
+        write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, cache.slots)
         cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
 
-        # With a cache, the layers run as a Python loop even when scanned: each keeps its own
-        # working copy of its keys and values (see DecodeCache). (A decode loop should call
+        # With a cache, the layers run as a Python loop even when scanned: each reads and writes
+        # its own layer's arrays of the cache in place. (A decode loop should call
         # ``unroll_layers`` once outside it rather than slice stacked parameters every step.)
         new_k, new_v = [], []
         for i, layer in enumerate(unroll_layers(self).layers):
             x_btd, (k_i, v_i) = layer(
-                x_btd, cos_bth, sin_bth, mask_bts, (work.k[i], work.v[i], write_bt)
+                x_btd, cos_bth, sin_bth, mask_bts, (cache.keys[i], cache.values[i], write_bt)
             )
             new_k.append(k_i)
             new_v.append(v_i)
-        hidden_btd = self.final_norm(x_btd)
-        new_work = DecodeCache(k=tuple(new_k), v=tuple(new_v), lengths=work.lengths + num_new_b)
-        return hidden_btd, new_work if cache is work else new_work.store(cache)
+        new_cache = cache.replace(
+            keys=tuple(new_k), values=tuple(new_v), lengths=cache.lengths + num_new_b
+        )
+        return self.final_norm(x_btd), new_cache
 
 
 class Qwen2ForCausalLM(nnx.Module):

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentrl_jax.models.kv_cache import DecodeCache, KVCache
+from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.models.qwen2 import unroll_layers
 from agentrl_jax.sampling.logits import draw, fold_in
 from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
@@ -63,7 +63,7 @@ class TurnArrays:
 @flax.struct.dataclass
 class _Carry:
     step: jax.Array  # [] int32 decode iterations done
-    cache: DecodeCache  # the turn's working copy of the slots it uses
+    cache: KVCache  # the episode's cache, written in place
     logits_bv: jax.Array  # [B, V] float32 next-token logits after the row's last fed token
     last_b: jax.Array  # [B] int32 the row's last drawn token
     unfed_b: jax.Array  # [B] bool the row drew last_b this iteration: feed it to the model
@@ -84,7 +84,6 @@ def run_turn(
     share: tuple[jax.Array, jax.Array] | None = None,
     *,
     width: int,
-    slots: int | None = None,
     sampling: SamplingParams,
     stop: StopConfig,
     pad_id: int,
@@ -93,7 +92,8 @@ def run_turn(
 
     Args:
       graphdef, state: ``nnx.split`` of a ``Qwen2ForCausalLM``.
-      cache: the episode's cache; rows hold their conversation so far in ``[0, lengths[b])``.
+      cache: the episode's cache; rows hold their conversation so far in ``[0, lengths[b])``,
+        and it has ``lengths + num_new + max_new`` slots allocated (``KVCache.with_slots``).
       chunk_bt: [B, T] int32 new tokens, right-padded.
       num_new_b: [B] int32 valid tokens in each chunk row (0: the row is inactive).
       max_new_b: [B] int32 tokens to generate per row, <= width (the caller checked that the
@@ -105,9 +105,6 @@ def run_turn(
         ``unique_u`` are prefilled, and row b continues from the prefill of row
         ``source_b[b]`` (the caller checked that the two rows' histories and chunks are equal).
       width: static output width W.
-      slots: static number of cache slots the turn works on, >= every row's lengths + num_new +
-        max_new (default: the whole cache). Only these slots are copied into the turn's
-        ``DecodeCache``, written and attended over.
       sampling, stop, pad_id: static settings.
 
     Returns:
@@ -183,28 +180,29 @@ def run_turn(
         )
 
     # Prefill: one forward pass over the chunk; only the last valid position needs logits.
-    # A scanned model's stacked layer parameters are sliced into per-layer arrays once per turn
-    # (like the cache's working copy): the decode loop then reads each layer's weights in place.
+    # A scanned model's stacked layer parameters are sliced into per-layer arrays once per turn:
+    # the decode loop then reads each layer's weights in place.
     model = unroll_layers(nnx.merge(graphdef, state))
     graphdef, state = nnx.split(model)
-    slots = cache.size if slots is None else slots
-    # With sharing, only the distinct prefixes (rows unique_u) are prefilled; every row then
-    # continues from its source row's cache and logits.
-    unique_u, source_b = (None, None) if share is None else share
-    work = DecodeCache.load(cache, slots, rows=unique_u)
-    chunk_ut, num_new_u = (
-        (chunk_bt, num_new_b) if share is None else (chunk_bt[unique_u], num_new_b[unique_u])
-    )
-    hidden_utd, work = model.trunk(chunk_ut, cache=work, num_new_b=num_new_u)
-    last_t_u = jnp.maximum(num_new_u - 1, 0)
-    rows_u = jnp.arange(chunk_ut.shape[0])
-    logits_bv = model.logits(hidden_utd[rows_u, last_t_u][:, None, :])[:, 0]
-    if share is not None:
-        work, logits_bv = work.gather(source_b), logits_bv[source_b]
+    if share is None:
+        hidden_btd, cache = model.trunk(chunk_bt, cache=cache, num_new_b=num_new_b)
+        last_t_b = jnp.maximum(num_new_b - 1, 0)
+        logits_bv = model.logits(hidden_btd[rows_b, last_t_b][:, None, :])[:, 0]
+    else:
+        # Only the distinct prefixes (rows unique_u) are prefilled; every row then continues
+        # from its source row's cache and logits.
+        unique_u, source_b = share
+        num_new_u = num_new_b[unique_u]
+        hidden_utd, prefilled = model.trunk(
+            chunk_bt[unique_u], cache=cache.gather(unique_u), num_new_b=num_new_u
+        )
+        rows_u = jnp.arange(unique_u.shape[0])
+        logits_uv = model.logits(hidden_utd[rows_u, jnp.maximum(num_new_u - 1, 0)][:, None])
+        cache, logits_bv = prefilled.gather(source_b), logits_uv[source_b, 0]
     reason_b = jnp.where(active_b, DoneReason.MAX_NEW_TOKENS, DoneReason.INACTIVE)
     carry = _Carry(
         step=jnp.zeros((), jnp.int32),
-        cache=work,
+        cache=cache,
         logits_bv=logits_bv,
         last_b=jnp.zeros((b,), jnp.int32),
         unfed_b=jnp.zeros((b,), jnp.bool_),
@@ -230,13 +228,13 @@ def run_turn(
         # that just finished has its last token written to the cache in this same step.
         carry = record(carry, carry.logits_bv, fold_in(rng, carry.step))
         model = nnx.merge(graphdef, state)
-        logits_b1v, work = model(
+        logits_b1v, cache = model(
             carry.last_b[:, None], cache=carry.cache, num_new_b=carry.unfed_b.astype(jnp.int32)
         )
-        return carry.replace(step=carry.step + 1, cache=work, logits_bv=logits_b1v[:, 0])
+        return carry.replace(step=carry.step + 1, cache=cache, logits_bv=logits_b1v[:, 0])
 
     carry = jax.lax.while_loop(cond, body, carry)
-    return carry.out, carry.cache.store(cache)
+    return carry.out, carry.cache
 
 
 def _ends_with_stop(

@@ -162,20 +162,23 @@ class Sampler:
         """An empty cache for ``batch`` episodes of up to ``cache_size`` tokens each.
 
         ``cache_size`` is rounded up to a cache bucket so episodes of similar length share
-        compilations. It must hold every episode's prompts and actions of all turns.
+        compilations. It must hold every episode's prompts and actions of all turns. Slots are
+        allocated as the conversations grow (``step_turn``), a power of two at a time.
         """
         if batch < 1:
             raise ValueError(f"batch={batch}: expected >= 1")
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
+        slots = min(self.cache_buckets[0], size)
+        create = functools.partial(KVCache.create, self.cfg, batch, size, slots=slots)
         if self.mesh is None:
-            return KVCache.create(self.cfg, batch, size)
+            return create()
         # Created in place, each device holding only its shard.
-        create = functools.partial(KVCache.create, self.cfg, batch, size)
-        shardings = jax.tree.map(lambda x: x.sharding, self.abstract_cache(batch, cache_size))
+        shardings = sharding.kv_cache_shardings(jax.eval_shape(create), self.mesh)
         return jax.jit(create, out_shardings=shardings)()
 
     def abstract_cache(self, batch: int, cache_size: int) -> KVCache:
-        """The cache ``start`` makes, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh)."""
+        """A cache ``start`` makes, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh), with
+        every slot allocated: the cache of the longest turn."""
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
         abstract = jax.eval_shape(functools.partial(KVCache.create, self.cfg, batch, size))
         if self.mesh is None:
@@ -194,19 +197,17 @@ class Sampler:
         *,
         sampling: SamplingParams | None = None,
         num_choices: int = 0,
-        slots: int | None = None,
     ) -> jax.stages.Lowered:
         """The turn program ``step_turn`` runs for these shapes, lowered without running it.
 
         Args:
           cache: the cache, real or abstract (``abstract_cache``): only shapes and shardings
-            are read, as of the sampler's state.
+            are read, as of the sampler's state. The turn attends over its allocated slots.
           chunk_len: new prompt tokens per row (rounded up to a chunk bucket).
           max_new_tokens: tokens to generate (rounded up to a width bucket).
           sampling: as in ``step_turn``.
           num_choices: constrained decoding: choices per row (rounded up to a count bucket), or
             0 for free decoding.
-          slots: cache slots the turn works on (default: the whole cache, the largest turn).
 
         Returns:
           ``jax.stages.Lowered``; ``.compile().memory_analysis()`` gives its per-device bytes.
@@ -219,21 +220,43 @@ class Sampler:
             count = bk.round_up(num_choices, bk.COUNT_BUCKETS, what="choices per row")
             choices = jax.ShapeDtypeStruct((b, count, width), jnp.int32)
         rows = lambda *shape: jax.ShapeDtypeStruct((b, *shape), jnp.int32)  # noqa: E731
-        fn = self._turn_fn(sampling or self.sampling, width, slots or cache.size, False)
+        fn = self._turn_fn(sampling or self.sampling, width, False)
         # One key per row, as rollouts pass them (``rollout.episode_keys``).
         rng = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), b))
         with sharding.mesh_context(self.mesh):
             return fn.lower(self.state, cache, rows(chunk), rows(), rows(), rng, choices, None)
 
     def grow(self, cache: KVCache, cache_size: int) -> KVCache:
-        """A copy of ``cache`` with room for ``cache_size`` tokens per row (rounded to a bucket)."""
+        """``cache`` with room for ``cache_size`` tokens per row (rounded up to a bucket).
+
+        Only the reservation changes: slots are allocated when a turn needs them.
+        """
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
         if size < cache.size:
             raise ValueError(
                 f"grow: cache_size={cache_size} is smaller than the cache ({cache.size})"
             )
-        pad = ((0, 0), (0, 0), (0, size - cache.size), (0, 0), (0, 0))
-        return KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad), lengths=cache.lengths)
+        return cache.replace(capacity=size)
+
+    def _allocate(self, cache: KVCache, need: int) -> KVCache:
+        """``cache`` with at least ``need`` slots allocated: the next power of two (at least the
+        first cache bucket, at most the reserved size), or the cache itself when it has them.
+
+        Each allocated size is a compilation of the turn; a turn's decode steps read the
+        allocated slots, so they cost about what the conversation fills.
+        """
+        slots = min(max(1 << (max(need, 1) - 1).bit_length(), self.cache_buckets[0]), cache.size)
+        if slots <= cache.slots:
+            return cache
+        key = ("allocate", cache.slots, slots)
+        if key not in self._jitted:
+            shardings = None
+            if self.mesh is not None:
+                grown = jax.eval_shape(lambda c: c.with_slots(slots), cache)
+                shardings = sharding.kv_cache_shardings(grown, self.mesh)
+            # Not donated: the grown arrays are larger, so XLA could not reuse the old ones.
+            self._jitted[key] = jax.jit(lambda c: c.with_slots(slots), out_shardings=shardings)
+        return self._jitted[key](cache)
 
     def step_turn(
         self,
@@ -286,15 +309,12 @@ class Sampler:
             cache, lengths_b, new_tokens, max_new_tokens
         )
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
-        # The turn works on the slots it can reach, rounded up to a power of two (each size is
-        # a compilation): attention reads the filled part of the cache, not every slot a long
-        # episode reserved.
-        slots = min(max(1 << (max(need, 1) - 1).bit_length(), self.cache_buckets[0]), cache.size)
         choices_bcl = self._choices_array(choices, cache.batch, width)
         share = self._share_plan(lengths_b, new_tokens, num_new_b)
         prefilled = range(cache.batch) if share is None else set(share[0].tolist())
         self.prefilled_rows += sum(1 for b in prefilled if num_new_b[b] > 0)
-        fn = self._turn_fn(sampling, width, slots, share is not None)
+        fn = self._turn_fn(sampling, width, share is not None)
+        cache = self._allocate(cache, need)
         with sharding.mesh_context(self.mesh):
             out, cache = fn(
                 self.state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl, share
@@ -374,8 +394,8 @@ class Sampler:
         unique_u = np.asarray(unique + unique[-1:] * (num - len(unique)), np.int32)
         return unique_u, source
 
-    def _turn_fn(self, sampling: SamplingParams, width: int, slots: int, shared: bool):
-        key = (sampling, width, slots, shared)
+    def _turn_fn(self, sampling: SamplingParams, width: int, shared: bool):
+        key = (sampling, width, shared)
         if key not in self._jitted:
 
             def turn(state, cache, chunk_bt, num_new_b, max_new_b, rng, choices_bcl, share):
@@ -391,7 +411,6 @@ class Sampler:
                     choices_bcl,
                     share,
                     width=width,
-                    slots=slots,
                     sampling=sampling,
                     stop=self.stop,
                     pad_id=self.pad_id,
@@ -403,8 +422,8 @@ class Sampler:
                 return out, new_cache
 
             # The cache is donated: it is the largest buffer (layers x batch x slots) and each
-            # turn returns its updated copy, so XLA writes the new keys/values in place instead
-            # of allocating and copying a second cache every turn.
+            # turn returns it updated, so XLA writes the new keys/values in place instead of
+            # allocating and copying a second cache every turn.
             self._jitted[key] = jax.jit(turn, donate_argnames=("cache",))
         return self._jitted[key]
 
