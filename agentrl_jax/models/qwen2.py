@@ -128,11 +128,9 @@ class Attention(nnx.Module):
         g = n // kv
         q_btkgh = q.reshape(b, t, kv, g, h)
         if cache_kv is None:
-            scores = jnp.einsum("btkgh,bskh->bkgts", q_btkgh, k)
-            scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
-            scores = jnp.where(mask_bts[:, None, None, :, :], scores, _NEG_INF)
-            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-            out_btkgh = jnp.einsum("bkgts,bskh->btkgh", probs, v)
+            # The chunk's own keys and values, laid out as a cache row's.
+            k_bkhs, v_bksh = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt)
             extra = None
         else:
             k_bkhs, v_bksh, write_bt = cache_kv
@@ -141,30 +139,32 @@ class Attention(nnx.Module):
             # threaded through its decode loop); the indexed axes come first in the update.
             k_bkhs = k_bkhs.at[rows_b1, :, :, write_bt].set(k.astype(k_bkhs.dtype), mode="drop")
             v_bksh = v_bksh.at[rows_b1, :, write_bt].set(v.astype(v_bksh.dtype), mode="drop")
-            out_btkgh = _cached_attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt)
+            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt)
             extra = (k_bkhs, v_bksh)
         out_btnh = out_btkgh.reshape(b, t, n, h)
         out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
         return out, extra
 
 
-# A prefill's queries attend over the cache in chunks of at most this many (query, slot) pairs
-# per row and head, so its scores stay about as large as one chunk's (a 512-token prompt over
-# 8,192 slots would otherwise hold [B, K, G * 512, 8192] float32 scores at once).
-_CACHED_SCORES_PER_CHUNK = 1 << 20
+# Queries attend in chunks of at most this many (query, key) pairs per row and head, so the
+# scores stay about as large as one chunk's (a 512-token prompt over 8,192 cache slots would
+# otherwise hold [B, K, G * 512, 8192] float32 scores at once).
+_SCORES_PER_CHUNK = 1 << 20
 
 
-def _cached_attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt):
-    """[B, T, K, G, H] attention of a chunk's queries over a cache row's S' slots.
+def _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt):
+    """[B, T, K, G, H] attention of T queries over S keys: a cache row's slots, or the chunk's own
+    keys (teacher forcing) laid out the same way.
 
     The queries of a kv head, X = G * T of them, are the rows of one plain matmul against the
-    cache in its stored layout: no copy or transpose of the cache. Long chunks over many slots
-    are split into query chunks (``_CACHED_SCORES_PER_CHUNK``), run one after another.
+    keys in the cache's layout (keys [B, K, H, S], values [B, K, S, H]): no copy or transpose of
+    the cache. Long chunks over many keys are split into query chunks (``_SCORES_PER_CHUNK``),
+    run one after another.
     """
     b, t, kv, g, h = q_btkgh.shape
     slots = k_bkhs.shape[-1]
     chunk = t
-    while chunk * slots > _CACHED_SCORES_PER_CHUNK and chunk % 2 == 0 and chunk > 16:
+    while chunk * slots > _SCORES_PER_CHUNK and chunk % 2 == 0 and chunk > 16:
         chunk //= 2
 
     def attend(q_bckgh, mask_bcs):
