@@ -65,6 +65,10 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "cache_slots": None,
 }
 
+# Logical axes of the KVCache's per-layer arrays and lengths (see agentrl_jax.models.kv_cache).
+KV_KEYS_AXES = ("batch", "act_kv_heads", "head_dim", "cache_slots")
+KV_VALUES_AXES = ("batch", "act_kv_heads", "cache_slots", "head_dim")
+KV_LENGTHS_AXES = ("batch",)
 
 _log = logging.getLogger(__name__)
 M = TypeVar("M", bound=nnx.Module)
@@ -303,12 +307,10 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> None:
 
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
     """A KVCache-shaped pytree of NamedShardings for ``cache`` (for device_put / jit)."""
-    from agentrl_jax.models import kv_cache  # noqa: PLC0415 - models import this module
-
     return cache.replace(
-        keys=tuple(named_sharding(mesh, kv_cache.KEYS_AXES, k.shape) for k in cache.keys),
-        values=tuple(named_sharding(mesh, kv_cache.VALUES_AXES, v.shape) for v in cache.values),
-        lengths=named_sharding(mesh, kv_cache.LENGTHS_AXES, cache.lengths.shape),
+        keys=tuple(named_sharding(mesh, KV_KEYS_AXES, k.shape) for k in cache.keys),
+        values=tuple(named_sharding(mesh, KV_VALUES_AXES, v.shape) for v in cache.values),
+        lengths=named_sharding(mesh, KV_LENGTHS_AXES, cache.lengths.shape),
     )
 
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.models import KVCache
+from agentrl_jax.models import KVCache, qwen2
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL, random_policy
 
@@ -84,8 +84,6 @@ def test_grow_reserves_more_without_copying(model):
 
 
 def test_a_long_prefill_attends_in_query_chunks_equal_to_one_pass(model, monkeypatch):
-    from agentrl_jax.models import qwen2
-
     rng = np.random.default_rng(1)
     first = [rng.integers(1, SMALL.vocab_size, n).tolist() for n in (20, 3, 32, 11)]
     second = [rng.integers(1, SMALL.vocab_size, n).tolist() for n in (32, 7, 1, 25)]

@@ -8,11 +8,6 @@ import jax.numpy as jnp
 
 from agentrl_jax.models.config import ModelConfig
 
-# Logical axes of a KVCache's per-layer arrays (see agentrl_jax.sharding.LOGICAL_AXIS_RULES).
-KEYS_AXES = ("batch", "act_kv_heads", "head_dim", "cache_slots")
-VALUES_AXES = ("batch", "act_kv_heads", "cache_slots", "head_dim")
-LENGTHS_AXES = ("batch",)
-
 
 @flax.struct.dataclass
 class KVCache:
@@ -92,20 +87,18 @@ class KVCache:
         pad = self.capacity - x_bskh.shape[1]
         return jnp.pad(x_bskh, ((0, 0), (0, pad), (0, 0), (0, 0)))
 
-    def with_slots(self, slots: int, capacity: int | None = None) -> KVCache:
-        """This cache with ``slots`` allocated (the new ones empty) out of ``capacity`` reserved
-        (default: as now); a copy of the cache, meant for a jitted, donating caller."""
-        capacity = self.capacity if capacity is None else capacity
-        if not max(self.slots, 1) <= slots <= capacity:
+    def with_slots(self, slots: int) -> KVCache:
+        """This cache with ``slots`` allocated (the new ones empty), a copy (meant for jit)."""
+        if not self.slots <= slots <= self.capacity:
             raise ValueError(
-                f"with_slots: slots={slots}, expected in [{self.slots}, capacity={capacity}]"
+                f"with_slots: slots={slots}, expected in [{self.slots}, capacity={self.capacity}]"
             )
         grow = slots - self.slots
         return KVCache(
             keys=tuple(jnp.pad(k, ((0, 0), (0, 0), (0, 0), (0, grow))) for k in self.keys),
             values=tuple(jnp.pad(v, ((0, 0), (0, 0), (0, grow), (0, 0))) for v in self.values),
             lengths=self.lengths,
-            capacity=capacity,
+            capacity=self.capacity,
         )
 
     def gather(self, rows: jax.Array) -> KVCache:

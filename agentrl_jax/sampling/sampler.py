@@ -248,14 +248,18 @@ class Sampler:
         slots = min(max(1 << (max(need, 1) - 1).bit_length(), self.cache_buckets[0]), cache.size)
         if slots <= cache.slots:
             return cache
-        key = ("allocate", cache.slots, slots)
+        key = ("allocate", slots)
         if key not in self._jitted:
-            shardings = None
-            if self.mesh is not None:
-                grown = jax.eval_shape(lambda c: c.with_slots(slots), cache)
-                shardings = sharding.kv_cache_shardings(grown, self.mesh)
+
+            def allocate(cache: KVCache) -> KVCache:
+                grown = cache.with_slots(slots)
+                if self.mesh is None:
+                    return grown
+                layout = sharding.kv_cache_shardings(grown, self.mesh)
+                return jax.lax.with_sharding_constraint(grown, layout)
+
             # Not donated: the grown arrays are larger, so XLA could not reuse the old ones.
-            self._jitted[key] = jax.jit(lambda c: c.with_slots(slots), out_shardings=shardings)
+            self._jitted[key] = jax.jit(allocate)
         return self._jitted[key](cache)
 
     def step_turn(
