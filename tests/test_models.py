@@ -1,5 +1,6 @@
 """The Qwen2 modules on their own: padding, the KV cache, remat, the value model, presets."""
 
+import functools
 import re
 
 import jax
@@ -94,6 +95,29 @@ def test_cache_multi_turn_matches_full_forward(policy):
         ref, _ = _forward(policy, full[b : b + 1, : pos[b]])
         diff = np.abs(np.concatenate(got[b]) - np.asarray(ref[0])).max()
         assert diff <= 1e-5, (b, diff)
+
+
+def test_cache_last_only_gives_each_rows_last_position_and_the_same_cache(policy):
+    """A prefill that needs only the next token's logits: the last layer queries at each row's
+    last new token (an inactive row: its chunk's first position) and still writes every key."""
+    chunk = _tokens((3, 7), seed=3)
+    num_new = jnp.asarray([7, 4, 0], jnp.int32)
+    history = _tokens((3, 5), seed=4)
+
+    @functools.partial(jax.jit, static_argnums=1)
+    def run(model, last_only):
+        cache = KVCache.create(TEST_CONFIG, batch=3, size=16)
+        _, cache = model.trunk(history, cache=cache, num_new_b=jnp.asarray([5, 2, 3]))
+        return model.trunk(chunk, cache=cache, num_new_b=num_new, last_only=last_only)
+
+    full_btd, full_cache = run(policy, False)
+    last_b1d, last_cache = run(policy, True)
+    assert last_b1d.shape == (3, 1, TEST_CONFIG.hidden_size)
+    expected = full_btd[jnp.arange(3), jnp.asarray([6, 3, 0])]
+    np.testing.assert_allclose(last_b1d[:, 0], expected, rtol=0, atol=1e-5)
+    np.testing.assert_array_equal(last_cache.lengths, full_cache.lengths)
+    for got, ref in zip(last_cache.keys + last_cache.values, full_cache.keys + full_cache.values):
+        np.testing.assert_array_equal(got, ref)
 
 
 def _ce_loss(model, tokens):

@@ -12,7 +12,7 @@ from transformers.generation.logits_process import (
 )
 
 from agentrl_jax.sampling import GREEDY, SamplingParams
-from agentrl_jax.sampling.logits import draw, fold_in, processed_logprobs
+from agentrl_jax.sampling.logits import draw, fold_in, inverse_cdf, processed_logprobs
 
 
 def hf_logprobs(logits: np.ndarray, params: SamplingParams) -> np.ndarray:
@@ -105,3 +105,41 @@ def test_bad_sampling_params_are_clear_errors():
         SamplingParams(top_k=-1)
     with pytest.raises(ValueError, match="temperature=-0.5"):
         SamplingParams(temperature=-0.5)
+
+
+def test_inverse_cdf_draws_across_blocks_and_never_a_zero_probability_token():
+    # 300 tokens in blocks of 16 (19 blocks, the last one padded), a third of them masked.
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal(300).astype(np.float32)
+    logits[rng.random(300) < 0.33] = -np.inf
+    probs = np.exp(logits - logits[np.isfinite(logits)].max())
+    n = 200_000
+    u = jax.random.uniform(jax.random.key(1), (n,))
+    tokens = np.asarray(
+        jax.jit(lambda u, p: inverse_cdf(u, p, block=16))(
+            u, jnp.broadcast_to(jnp.asarray(probs), (n, 300))
+        )
+    )
+    expected = probs / probs.sum()
+    freq = np.bincount(tokens, minlength=300) / n
+    assert freq[expected == 0].sum() == 0
+    # 5 standard errors of each token's own frequency.
+    np.testing.assert_array_less(np.abs(freq - expected), 5 * np.sqrt(expected / n) + 1e-12)
+
+
+def test_inverse_cdf_at_the_edges_of_the_unit_interval():
+    # Mass only in the middle of a block; u at 0 and just below 1 land on its first and last
+    # positive tokens, never on the zero-probability tokens around them.
+    probs = np.zeros((1, 64), np.float32)
+    probs[0, [21, 22, 27]] = [0.25, 0.5, 0.25]
+    for u, token in ((0.0, 21), (np.float32(1) - np.float32(2**-24), 27), (0.5, 22)):
+        got = inverse_cdf(jnp.asarray([u], jnp.float32), jnp.asarray(probs), block=16)
+        assert int(got[0]) == token, (u, int(got[0]))
+    # Stress: probabilities over 30 orders of magnitude with zeros between them, and targets up
+    # to the top of [0, 1): every draw lands on a token of positive probability.
+    rng = np.random.default_rng(5)
+    probs = (10.0 ** rng.uniform(-30, 0, (256, 4096))).astype(np.float32)
+    probs[rng.random(probs.shape) < 0.5] = 0.0
+    u = np.concatenate([np.full(128, np.float32(1) - np.float32(2**-24)), rng.random(128)])
+    got = np.asarray(inverse_cdf(jnp.asarray(u, jnp.float32), jnp.asarray(probs)))
+    assert (probs[np.arange(256), got] > 0).all()

@@ -101,7 +101,7 @@ class Attention(nnx.Module):
             rngs, _dense_init, (n, h, d), ("q_heads", "head_dim", "embed"), pd
         )
 
-    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None):
+    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None):
         """Attention of the chunk's queries over the chunk's own keys or over a cache row.
 
         Args:
@@ -109,19 +109,26 @@ class Attention(nnx.Module):
             ``(k_bkhs, v_bksh, write_bt)``: this layer's keys and values in a ``KVCache``,
             into which the chunk's keys and values are written at slots ``write_bt``
             (out-of-bounds slots are dropped) before attending over all S' allocated slots.
+          query_b: None (every position queries), or [B] the one position per row that
+            queries: every position's keys and values are still computed and written.
 
         Returns:
-          ([B, T, D] output, the updated (k_bkhs, v_bksh) or None).
+          ([B, T, D] output ([B, 1, D] with ``query_b``), the updated (k_bkhs, v_bksh) or None).
         """
         cfg, dt = self.cfg, self.cfg.dtype
-        q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
-        q = q + self.q_bias_nh[...].astype(dt)
         k = jnp.einsum("btd,dkh->btkh", x_btd, self.k_weight_dkh[...].astype(dt))
         k = k + self.k_bias_kh[...].astype(dt)
         v = jnp.einsum("btd,dkh->btkh", x_btd, self.v_weight_dkh[...].astype(dt))
         v = v + self.v_bias_kh[...].astype(dt)
-        q = constrain(apply_rope(q, cos_bth, sin_bth), _Q_AXES)
         k = constrain(apply_rope(k, cos_bth, sin_bth), _KV_AXES)
+        if query_b is not None:
+            x_btd, cos_bth, sin_bth, mask_bts = (
+                a[jnp.arange(a.shape[0]), query_b][:, None]
+                for a in (x_btd, cos_bth, sin_bth, mask_bts)
+            )
+        q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
+        q = q + self.q_bias_nh[...].astype(dt)
+        q = constrain(apply_rope(q, cos_bth, sin_bth), _Q_AXES)
         v = constrain(v, _KV_AXES)
         b, t, n, h = q.shape
         kv = cfg.num_kv_heads
@@ -214,8 +221,14 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None):
-        attn_out, extra = self.attn(self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv)
+    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None):
+        """One layer; with ``query_b`` ([B] positions) only those positions come out, [B, 1, D]
+        (every position's keys and values still reach the cache)."""
+        attn_out, extra = self.attn(
+            self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv, query_b
+        )
+        if query_b is not None:
+            x_btd = x_btd[jnp.arange(x_btd.shape[0]), query_b][:, None]
         x_btd = x_btd + attn_out
         x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd)), _RESIDUAL_AXES)
         return x_btd, extra
@@ -361,6 +374,7 @@ class Qwen2Trunk(nnx.Module):
         mask_bt: jax.Array | None = None,
         cache: KVCache | None = None,
         num_new_b: jax.Array | None = None,
+        last_only: bool = False,
     ) -> tuple[jax.Array, KVCache | None]:
         """Returns the final hidden states [B, T, D] and the updated cache (or None).
 
@@ -372,6 +386,11 @@ class Qwen2Trunk(nnx.Module):
             slots are dropped, as nothing can raise inside jit: callers check
             ``lengths + num_new_b <= cache.slots`` first.
           num_new_b: [B] int valid new tokens per row when a cache is given (default T).
+          last_only: with a cache, return only each row's last new token's hidden state,
+            [B, 1, D] (a row with no new tokens gives its chunk's first position). The last
+            layer then runs its queries, attention output and MLP at that one position: only
+            its keys and values are needed at the others. This is what a prefill needs for the
+            next token's logits.
         """
         cfg = self.cfg
         b, t = tokens_bt.shape
@@ -404,9 +423,16 @@ class Qwen2Trunk(nnx.Module):
         # its own layer's arrays of the cache in place. (A decode loop should call
         # ``unroll_layers`` once outside it rather than slice stacked parameters every step.)
         new_k, new_v = [], []
-        for i, layer in enumerate(unroll_layers(self).layers):
+        layers = unroll_layers(self).layers
+        last_b = jnp.maximum(num_new_b - 1, 0) if last_only else None
+        for i, layer in enumerate(layers):
             x_btd, (k_i, v_i) = layer(
-                x_btd, cos_bth, sin_bth, mask_bts, (cache.keys[i], cache.values[i], write_bt)
+                x_btd,
+                cos_bth,
+                sin_bth,
+                mask_bts,
+                (cache.keys[i], cache.values[i], write_bt),
+                last_b if i == len(layers) - 1 else None,
             )
             new_k.append(k_i)
             new_v.append(v_i)

@@ -185,20 +185,18 @@ def run_turn(
     model = unroll_layers(nnx.merge(graphdef, state))
     graphdef, state = nnx.split(model)
     if share is None:
-        hidden_btd, cache = model.trunk(chunk_bt, cache=cache, num_new_b=num_new_b)
-        last_t_b = jnp.maximum(num_new_b - 1, 0)
-        logits_bv = model.logits(hidden_btd[rows_b, last_t_b][:, None, :])[:, 0]
+        hidden_b1d, cache = model.trunk(chunk_bt, cache=cache, num_new_b=num_new_b, last_only=True)
+        logits_bv = model.logits(hidden_b1d)[:, 0]
     else:
         # Only the distinct prefixes (rows unique_u) are prefilled; every row then continues
         # from its source row's cache and logits.
         unique_u, source_b = share
         num_new_u = num_new_b[unique_u]
-        hidden_utd, prefilled = model.trunk(
-            chunk_bt[unique_u], cache=cache.gather(unique_u), num_new_b=num_new_u
+        hidden_u1d, prefilled = model.trunk(
+            chunk_bt[unique_u], cache=cache.gather(unique_u), num_new_b=num_new_u, last_only=True
         )
-        rows_u = jnp.arange(unique_u.shape[0])
-        logits_uv = model.logits(hidden_utd[rows_u, jnp.maximum(num_new_u - 1, 0)][:, None])
-        cache, logits_bv = prefilled.gather(source_b), logits_uv[source_b, 0]
+        logits_uv = model.logits(hidden_u1d)[:, 0]
+        cache, logits_bv = prefilled.gather(source_b), logits_uv[source_b]
     reason_b = jnp.where(active_b, DoneReason.MAX_NEW_TOKENS, DoneReason.INACTIVE)
     carry = _Carry(
         step=jnp.zeros((), jnp.int32),
