@@ -38,6 +38,9 @@ EXTRAS = {
         "ipykernel>=6.29",
     ],
     "docker": ["docker>=7.0"],
+    # launch.plan --topology: the TPU compiler, to plan a TPU slice from any machine (the libtpu
+    # jax[tpu]==0.10.2 pins; scripts/test.sh installs the same into .venv/tpu_plan).
+    "tpu_plan": ["libtpu==0.0.42.*"],
 }
 
 setup(

@@ -66,7 +66,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
 }
 
 # Logical axes of the KVCache's per-layer arrays and lengths (see agentrl_jax.models.kv_cache).
-KV_KEYS_AXES = ("batch", "act_kv_heads", "head_dim", "cache_slots")
+KV_KEYS_AXES = ("batch", "act_kv_heads", "head_dim", "cache_slots")  # slot-minor (CPU)
 KV_VALUES_AXES = ("batch", "act_kv_heads", "cache_slots", "head_dim")
 KV_LENGTHS_AXES = ("batch",)
 
@@ -307,8 +307,9 @@ def shard_model(model: nnx.Module, mesh: Mesh) -> None:
 
 def kv_cache_shardings(cache: Any, mesh: Mesh) -> Any:
     """A KVCache-shaped pytree of NamedShardings for ``cache`` (for device_put / jit)."""
+    key_axes = KV_KEYS_AXES if cache.keys_slot_minor else KV_VALUES_AXES
     return cache.replace(
-        keys=tuple(named_sharding(mesh, KV_KEYS_AXES, k.shape) for k in cache.keys),
+        keys=tuple(named_sharding(mesh, key_axes, k.shape) for k in cache.keys),
         values=tuple(named_sharding(mesh, KV_VALUES_AXES, v.shape) for v in cache.values),
         lengths=named_sharding(mesh, KV_LENGTHS_AXES, cache.lengths.shape),
     )

@@ -9,9 +9,14 @@ Trains on simple and medium games 50/50 and evaluates on hard, as the guide reco
         --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct --config.mesh='(1,4,2)'
 
 Memory (``launch.plan``, docs/performance.md): the train steps accumulate gradients one row of
-8,192 tokens at a time (``microbatch_size=1``; the update is the whole minibatch's), which puts
-the SFT step, the old/reference/value passes and the RL update within 14 GiB per device on 8
-devices as (1, 4, 2).
+8,192 tokens at a time (``microbatch_size=1``; the update is the whole minibatch's), and the 256
+episodes of an iteration play in two waves of 128 (16 workers x 8 environments), so that the
+sampler's 8,192-slot cache (3.5 GiB a chip) fits beside the resident train state. On a v5e 2x4
+slice as (1, 4, 2) the TPU compiler puts every program within 14 GiB a chip (peak 11.6 GiB,
+the RL update):
+
+    python -m launch.plan --config=configs/textworld_qwen2_5_1_5b_ppo.py \
+        --config.model.preset=qwen2.5-1.5b --config.mesh='(1,4,2)' --devices=8 --topology=v5e:2x4
 """
 
 import ml_collections
@@ -30,7 +35,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         num_train_tasks=2000,
         num_eval_tasks=100,
         num_workers=16,
-        envs_per_worker=16,
+        envs_per_worker=8,  # waves of 128 episodes: the sampler's cache fits a 16 GiB chip
     )
     c.curriculum.stages = [[("simple", 0.5), ("medium", 0.5)]]
     c.rollout.update(

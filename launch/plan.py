@@ -10,6 +10,11 @@ largest program, and writes the JSON (``agentrl_jax.training.plan``). The model 
 checkpoint's config.json when ``--config.model.checkpoint`` is given (no weights are read), else
 ``config.model.preset``. ``--local_devices=L`` plans a multi-host layout of hosts with L devices
 each: the learner's programs on the whole mesh, the sampler's turn on one host's copy.
+
+``--topology=v5e:2x4`` compiles with the TPU compiler instead, ahead of time, for that slice's
+chips (``--devices`` must equal their number; needs libtpu: ``pip install -e '.[tpu_plan]'``): the
+memory analysis is then the TPU's own, with its bfloat16 kernels and fusions, not the CPU
+compiler's estimate.
 """
 
 import os
@@ -26,6 +31,13 @@ def _fake_devices(argv: list[str]) -> None:
 
 
 _fake_devices(sys.argv)
+if any(a.startswith("--topology") for a in sys.argv):
+    # libtpu, loaded to compile for a TPU slice on a machine without one, looks for this host's
+    # TPU workers first; naming this host keeps it from printing errors about them.
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    # Only compiling: several plans may run at once (libtpu otherwise locks the chips it would
+    # drive).
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import json  # noqa: E402
 import math  # noqa: E402
@@ -44,6 +56,12 @@ _PROGRAMS = flags.DEFINE_list(
 )
 _PROMPT = flags.DEFINE_integer(
     "prompt_tokens", 512, "Prompt tokens the planned sampler turn prefills."
+)
+_TOPOLOGY = flags.DEFINE_string(
+    "topology",
+    None,
+    "Compile for this TPU slice (e.g. v5e:2x4) with the TPU compiler, ahead of time, instead of "
+    "on fake CPU devices.",
 )
 _LOCAL = flags.DEFINE_integer(
     "local_devices",
@@ -74,8 +92,24 @@ def main(argv):
         plan.check_local_devices(_LOCAL.value, math.prod(config.mesh))
     except ValueError as e:
         cli.fail(f"--{e}")
+    devices = None
+    if _TOPOLOGY.value:
+        try:
+            devices = plan.tpu_devices(_TOPOLOGY.value)
+        except ValueError as e:
+            cli.fail(f"--{e}")
+        if len(devices) != _DEVICES.value:
+            cli.fail(
+                f"--topology={_TOPOLOGY.value} has {len(devices)} chips; "
+                f"--devices={_DEVICES.value} (the config's mesh is sized for --devices): "
+                f"expected them equal"
+            )
     result = plan.memory_plan(
-        config, prompt_tokens=_PROMPT.value, programs=programs, local_devices=_LOCAL.value
+        config,
+        prompt_tokens=_PROMPT.value,
+        programs=programs,
+        local_devices=_LOCAL.value,
+        devices=devices,
     )
     print(plan.format_table(result))
     if _OUT.value:

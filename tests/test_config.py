@@ -34,10 +34,15 @@ REPORT_TASKS = {
     "configs/tiny_textworld.py:test": 1,
     "configs/tiny_textworld.py:smoke": 2,
 }
-# The 1.5B config's train steps take one row at a time (its memory plan, docs/performance.md);
-# the tiny default's recipe is a small SFT warm start, then RL (docs/results.md, rl_learns).
+# The 1.5B config's train steps take one row at a time and its rollouts play in waves of 128
+# episodes (its memory plan, docs/performance.md); the tiny default's recipe is a small SFT warm
+# start, then RL (docs/results.md, rl_learns).
 TUNED = {
-    "configs/textworld_qwen2_5_1_5b_ppo.py": {"rl.microbatch_size": 1, "sft.microbatch_size": 1},
+    "configs/textworld_qwen2_5_1_5b_ppo.py": {
+        "rl.microbatch_size": 1,
+        "sft.microbatch_size": 1,
+        "env.envs_per_worker": 8,
+    },
     "configs/tiny_textworld.py": {
         "budget.total": 1880,
         "budget.sft_fraction": 600 / 1880,

@@ -68,12 +68,16 @@ def test_padding_left_and_right_matches_unpadded(policy):
     assert float(jnp.max(jnp.abs(logits[1, :6] - ref[0]))) <= 1e-5
 
 
-def test_cache_multi_turn_matches_full_forward(policy):
-    """Prefill of ragged prompts, single-token decode steps, then a second ragged chunk."""
+@pytest.mark.parametrize("platform", ["cpu", "tpu"])
+def test_cache_multi_turn_matches_full_forward(policy, platform):
+    """Prefill of ragged prompts, single-token decode steps, then a second ragged chunk; with
+    the keys in either layout (slot-minor on CPU, [B, K, S, H] on accelerators)."""
     full = _tokens((2, 14), seed=2)
     lens1 = np.array([5, 3])  # first chunk: prompt lengths
     lens2 = np.array([2, 5])  # a later chunk (the next observation); same width as the first
-    cache = KVCache.create(TEST_CONFIG, batch=2, size=32)
+    cache = KVCache.create(TEST_CONFIG, batch=2, size=32, platform=platform)
+    assert cache.keys_slot_minor == (platform == "cpu")
+    assert cache.keys[0].shape[-1] == (32 if platform == "cpu" else TEST_CONFIG.head_dim)
     step = jax.jit(lambda m, t, c, n: m(t, cache=c, num_new_b=n))
 
     def rows(starts, width, lengths):
@@ -95,6 +99,17 @@ def test_cache_multi_turn_matches_full_forward(policy):
         ref, _ = _forward(policy, full[b : b + 1, : pos[b]])
         diff = np.abs(np.concatenate(got[b]) - np.asarray(ref[0])).max()
         assert diff <= 1e-5, (b, diff)
+    # The stacked view is the same whatever the layout: the other layout's cache holds the same.
+    other = KVCache.create(
+        TEST_CONFIG, batch=2, size=32, platform="tpu" if platform == "cpu" else "cpu"
+    )
+    pos = np.zeros(2, int)
+    for lengths in (lens1, np.array([1, 1]), np.array([1, 1]), lens2):
+        chunk = rows(pos, int(lengths.max()), lengths)
+        _, other = step(policy, chunk, other, jnp.asarray(lengths, jnp.int32))
+        pos += lengths
+    np.testing.assert_allclose(other.k, cache.k, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(other.v, cache.v, rtol=0, atol=1e-6)
 
 
 def test_cache_last_only_gives_each_rows_last_position_and_the_same_cache(policy):

@@ -150,3 +150,54 @@ def test_sampler_copy_is_planned_in_the_compute_dtype_on_the_hosts_mesh():
     assert replica / 2 <= plan.device_bytes(params) < 0.6 * replica  # split over tp = 2
     layer = params["trunk"]["layers"][0]["mlp"]["up_weight_df"].get_value()
     assert layer.dtype == jnp.bfloat16 and layer.sharding.shard_shape(layer.shape) == (128, 192)
+
+
+def _libtpu_path() -> str:
+    """Where libtpu is (scripts/test.sh installs it beside the venv), or skip."""
+    path = os.path.join(REPO, ".venv", "tpu_plan")
+    if not os.path.isdir(os.path.join(path, "libtpu")):
+        pytest.skip("libtpu is not in .venv/tpu_plan (scripts/test.sh installs it there)")
+    return path
+
+
+def _tpu_plan_cli(*args):
+    env = dict(os.environ, PYTHONPATH=_libtpu_path(), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    cmd = [sys.executable, "-m", "launch.plan", "--config=configs/tiny_textworld.py:test", *args]
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_plan_compiles_with_the_tpu_compiler_for_a_slice_it_does_not_have(tmp_path):
+    out = tmp_path / "plan.json"
+    proc = _tpu_plan_cli(
+        "--devices=4",
+        "--topology=v5e:2x2",
+        "--config.mesh=(1,2,2)",
+        "--programs=sampler_turn,rl_update",
+        f"--out={out}",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["platform"] == "tpu" and result["device_kind"].startswith("TPU v5")
+    assert result["devices"] == 4 and result["mesh"] == [1, 2, 2]
+    assert [p["name"] for p in result["programs"]] == ["sampler_turn", "rl_update"]
+    for p in result["programs"]:
+        b = p["per_device_bytes"]
+        assert min(b["arguments"], b["outputs"], b["total"]) > 0, p
+    # The CPU plan of the same programs is another compiler's: the figures differ.
+    cpu = plan.memory_plan(
+        _config("configs/tiny_textworld.py:test", 4, mesh=(1, 2, 2)),
+        programs=("sampler_turn",),
+    )
+    assert cpu["platform"] == "cpu"
+    tpu_turn, cpu_turn = result["programs"][0], cpu["programs"][0]
+    assert tpu_turn["per_device_bytes"] != cpu_turn["per_device_bytes"]
+
+
+def test_a_bad_topology_is_one_clear_line():
+    proc = _tpu_plan_cli("--devices=4", "--topology=v5e:9x9x9", "--config.mesh=(1,2,2)")
+    assert proc.returncode == 2
+    assert "--topology='v5e:9x9x9': no TPU compiler for it" in proc.stderr.strip().splitlines()[-1]
+    proc = _tpu_plan_cli("--devices=8", "--topology=v5e:2x2", "--config.mesh=(1,4,2)")
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "--topology=v5e:2x2 has 4 chips; --devices=8" in last

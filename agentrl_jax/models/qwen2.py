@@ -106,9 +106,10 @@ class Attention(nnx.Module):
 
         Args:
           cache_kv: None (teacher forcing: keys are the chunk's), or
-            ``(k_bkhs, v_bksh, write_bt)``: this layer's keys and values in a ``KVCache``,
-            into which the chunk's keys and values are written at slots ``write_bt``
-            (out-of-bounds slots are dropped) before attending over all S' allocated slots.
+            ``(keys, v_bksh, write_bt, slot_minor)``: this layer's keys ([B, K, H, S'] when
+            ``slot_minor``, else [B, K, S', H]) and values in a ``KVCache``, into which the
+            chunk's keys and values are written at slots ``write_bt`` (out-of-bounds slots are
+            dropped) before attending over all S' allocated slots.
           query_b: None (every position queries), or [B] the one position per row that
             queries: every position's keys and values are still computed and written.
 
@@ -137,17 +138,20 @@ class Attention(nnx.Module):
         if cache_kv is None:
             # The chunk's own keys and values, laid out as a cache row's.
             k_bkhs, v_bksh = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt)
+            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt, slot_minor=True)
             extra = None
         else:
-            k_bkhs, v_bksh, write_bt = cache_kv
+            keys, v_bksh, write_bt, slot_minor = cache_kv
             rows_b1 = jnp.arange(b)[:, None]
             # One slot per row and token, written in place (the cache is donated to the turn and
             # threaded through its decode loop); the indexed axes come first in the update.
-            k_bkhs = k_bkhs.at[rows_b1, :, :, write_bt].set(k.astype(k_bkhs.dtype), mode="drop")
+            if slot_minor:
+                keys = keys.at[rows_b1, :, :, write_bt].set(k.astype(keys.dtype), mode="drop")
+            else:
+                keys = keys.at[rows_b1, :, write_bt].set(k.astype(keys.dtype), mode="drop")
             v_bksh = v_bksh.at[rows_b1, :, write_bt].set(v.astype(v_bksh.dtype), mode="drop")
-            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt)
-            extra = (k_bkhs, v_bksh)
+            out_btkgh = _attention(q_btkgh, keys, v_bksh, mask_bts, dt, slot_minor=slot_minor)
+            extra = (keys, v_bksh)
         out_btnh = out_btkgh.reshape(b, t, n, h)
         out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
         return out, extra
@@ -157,27 +161,37 @@ class Attention(nnx.Module):
 # scores stay about as large as one chunk's (a 512-token prompt over 8,192 cache slots would
 # otherwise hold [B, K, G * 512, 8192] float32 scores at once).
 _SCORES_PER_CHUNK = 1 << 20
+# And at most this many over the whole batch and every head: a rollout batch's prefill (256 rows
+# of a 512-token prompt over 8,192 slots) would otherwise hold 768 MiB of bf16 scores per chunk
+# on each of 8 chips.
+_SCORES_PER_BATCH_CHUNK = 1 << 28
 
 
-def _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt):
+def _attention(q_btkgh, keys, v_bksh, mask_bts, dt, *, slot_minor: bool):
     """[B, T, K, G, H] attention of T queries over S keys: a cache row's slots, or the chunk's own
     keys (teacher forcing) laid out the same way.
 
     The queries of a kv head, X = G * T of them, are the rows of one plain matmul against the
-    keys in the cache's layout (keys [B, K, H, S], values [B, K, S, H]): no copy or transpose of
-    the cache. Long chunks over many keys are split into query chunks (``_SCORES_PER_CHUNK``),
-    run one after another.
+    keys in the cache's layout (keys [B, K, H, S] when ``slot_minor``, else [B, K, S, H]; values
+    [B, K, S, H]): no copy or transpose of the cache. Long chunks over many keys are split into
+    query chunks (``_SCORES_PER_CHUNK``), run one after another.
     """
     b, t, kv, g, h = q_btkgh.shape
-    slots = k_bkhs.shape[-1]
+    slots = v_bksh.shape[2]
+    scores_spec = "bkxh,bkhs->bkxs" if slot_minor else "bkxh,bksh->bkxs"
     chunk = t
-    while chunk * slots > _SCORES_PER_CHUNK and chunk % 2 == 0 and chunk > 16:
+
+    def too_many(chunk):
+        per_row = chunk * slots
+        return per_row > _SCORES_PER_CHUNK or b * kv * g * per_row > _SCORES_PER_BATCH_CHUNK
+
+    while too_many(chunk) and chunk % 2 == 0 and chunk > 16:
         chunk //= 2
 
     def attend(q_bckgh, mask_bcs):
         c = q_bckgh.shape[1]
         q_bkxh = q_bckgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * c, h)
-        scores = jnp.einsum("bkxh,bkhs->bkxs", q_bkxh, k_bkhs.astype(dt))
+        scores = jnp.einsum(scores_spec, q_bkxh, keys.astype(dt))
         scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
         mask_bxs = jnp.tile(mask_bcs, (1, g, 1))  # row x = (g, c) is query c's mask
         scores = jnp.where(mask_bxs[:, None], scores, _NEG_INF)
@@ -193,6 +207,11 @@ def _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt):
     n = t // chunk
     q_nbckgh = q_btkgh.reshape(b, n, chunk, kv, g, h).swapaxes(0, 1)
     mask_nbcs = mask_bts.reshape(b, n, chunk, slots).swapaxes(0, 1)
+    # Rematerialised: a gradient through the map would otherwise keep every chunk's scores and
+    # probabilities for the backward pass at once, [n, B, K, G * chunk, S] in f32 several times
+    # over (8 GiB of a Qwen2.5-1.5B update's 11.8 on a v5e chip at 8,192 tokens); each chunk's
+    # are recomputed as its gradient is taken. No effect without a gradient (the sampler).
+    attend = jax.checkpoint(attend)
     out_nbckgh = jax.lax.map(lambda a: attend(*a), (q_nbckgh, mask_nbcs))
     return out_nbckgh.swapaxes(0, 1).reshape(b, t, kv, g, h)
 
@@ -431,7 +450,7 @@ class Qwen2Trunk(nnx.Module):
                 cos_bth,
                 sin_bth,
                 mask_bts,
-                (cache.keys[i], cache.values[i], write_bt),
+                (cache.keys[i], cache.values[i], write_bt, cache.keys_slot_minor),
                 last_b if i == len(layers) - 1 else None,
             )
             new_k.append(k_i)

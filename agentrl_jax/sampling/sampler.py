@@ -136,6 +136,14 @@ class Sampler:
         self._jitted: dict[tuple, object] = {}
         self._owned = False  # the weights are the caller's (see set_state)
 
+    @property
+    def platform(self) -> str:
+        """Where the turns run ("cpu", "tpu", "gpu"): the mesh's devices', else JAX's default
+        backend. The cache's key layout follows it (``KVCache``)."""
+        if self.mesh is None:
+            return jax.default_backend()
+        return self.mesh.devices.flat[0].platform
+
     def set_state(self, state: nnx.State, *, owned: bool = False) -> None:
         """Swaps in new weights (same structure, shapes and dtypes: no recompilation).
 
@@ -169,7 +177,9 @@ class Sampler:
             raise ValueError(f"batch={batch}: expected >= 1")
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
         slots = min(self.cache_buckets[0], size)
-        create = functools.partial(KVCache.create, self.cfg, batch, size, slots=slots)
+        create = functools.partial(
+            KVCache.create, self.cfg, batch, size, slots=slots, platform=self.platform
+        )
         if self.mesh is None:
             return create()
         # Created in place, each device holding only its shard.
@@ -180,7 +190,9 @@ class Sampler:
         """A cache ``start`` makes, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh), with
         every slot allocated: the cache of the longest turn."""
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
-        abstract = jax.eval_shape(functools.partial(KVCache.create, self.cfg, batch, size))
+        abstract = jax.eval_shape(
+            functools.partial(KVCache.create, self.cfg, batch, size, platform=self.platform)
+        )
         if self.mesh is None:
             return abstract
         return jax.tree.map(

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -75,12 +76,15 @@ def memory_plan(
     num_choices: int = NUM_CHOICES,
     programs: tuple[str, ...] | None = None,
     local_devices: int | None = None,
+    devices: Sequence[jax.Device] | None = None,
 ) -> dict[str, Any]:
     """Compiles every program of a run of ``config`` on the current devices; returns the plan.
 
-    The devices are ``math.prod(config.mesh)`` of ``jax.devices()`` (the first ones), laid out
-    as ``config.mesh``; with fake CPU devices (``--xla_force_host_platform_device_count``) this
-    plans any mesh on one machine.
+    The devices are ``math.prod(config.mesh)`` of ``devices`` (default ``jax.devices()``; the
+    first ones), laid out as ``config.mesh``; with fake CPU devices
+    (``--xla_force_host_platform_device_count``) this plans any mesh on one machine. A TPU
+    slice's devices from ``jax.experimental.topologies.get_topology_desc`` (``tpu_devices``)
+    compile with the TPU compiler itself, ahead of time, on a machine without a TPU.
 
     ``programs`` names the ones to compile (default: all the run executes, ``PROGRAMS``).
     ``local_devices``: plan a multi-host layout, hosts of this many devices each: the learner's
@@ -104,7 +108,7 @@ def memory_plan(
     if unknown:
         raise ValueError(f"programs {unknown}: expected names from {list(PROGRAMS)}")
     mesh_shape = tuple(config.mesh)
-    devices = jax.devices()
+    devices = list(devices) if devices is not None else jax.devices()
     if math.prod(mesh_shape) > len(devices) or -1 in mesh_shape:
         raise ValueError(
             f"config.mesh={mesh_shape} needs {abs(math.prod(mesh_shape))} devices; "
@@ -145,6 +149,8 @@ def memory_plan(
     largest = max(programs, key=lambda p: p["per_device_bytes"]["peak"])
     return {
         "devices": mesh.size,
+        "platform": devices[0].platform,
+        "device_kind": devices[0].device_kind,
         "mesh": [int(mesh.shape[a]) for a in sharding.MESH_AXES],
         "mesh_axes": list(sharding.MESH_AXES),
         "model": {
@@ -165,6 +171,25 @@ def memory_plan(
         "programs": programs,
         "largest": largest["name"],
     }
+
+
+def tpu_devices(topology: str) -> list[jax.Device]:
+    """The chips of a TPU slice, e.g. ``"v5e:2x4"``, to compile for without one (libtpu must be
+    importable: ``pip install -e '.[tpu_plan]'``; nothing is allocated on them).
+
+    Raises:
+      ValueError: libtpu is missing or does not know the topology.
+    """
+    from jax.experimental import topologies  # noqa: PLC0415
+
+    try:
+        return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+    except Exception as e:  # noqa: BLE001 - libtpu's own errors (missing, unknown name) vary
+        raise ValueError(
+            f"topology={topology!r}: no TPU compiler for it ({type(e).__name__}: {e}). Expected a "
+            f"slice such as v5e:2x4, v4:2x2x2 or v5p:2x2x2, with libtpu installed "
+            f"(pip install -e '.[tpu_plan]')"
+        ) from e
 
 
 def sampler_copy(model_cfg, policy, mesh, local_devices=None):
