@@ -62,6 +62,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         temperature=0.75,
         kl_coef=0.01,
         kl_mode="loss",
+        reference_dtype="bfloat16",  # the frozen reference: 0.36 GiB a chip instead of 0.72
         clip_low=0.2,
         clip_high=0.2,
     )

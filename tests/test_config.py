@@ -42,6 +42,7 @@ TUNED = {
         "rl.microbatch_size": 1,
         "sft.microbatch_size": 1,
         "env.envs_per_worker": 8,
+        "rl.reference_dtype": "bfloat16",
     },
     "configs/tiny_textworld.py": {
         "budget.total": 1880,
@@ -65,6 +66,7 @@ with open(SNAPSHOT) as _f:
             "env.report_levels": [],
             "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
             "watchdog_s": 0.0,
+            "rl.reference_dtype": "float32",
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()

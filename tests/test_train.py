@@ -434,15 +434,17 @@ def _leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-@pytest.mark.parametrize("kl_coef", [0.05, 0.0])
-def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef):
+@pytest.mark.parametrize("kl_coef,dtype", [(0.05, "float32"), (0.05, "bfloat16"), (0.0, "float32")])
+def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef, dtype):
     import orbax.checkpoint as ocp
 
-    config = from_config_dict(_config(rl=dict(kl_coef=kl_coef)), num_devices=1)
+    rl = dict(kl_coef=kl_coef, reference_dtype=dtype)
+    config = from_config_dict(_config(rl=rl), num_devices=1)
     directory = str(tmp_path / "checkpoints")
     run = _checkpoint_trainer(config, directory)
     run.state = run.learner.init(run.policy)
-    frozen = _leaves(run.state.policy)
+    # The reference as RL starts: the policy, in the reference's dtype.
+    frozen = [x.astype(dtype) for x in _leaves(run.state.policy)]
     writes = []
     save_frozen = run.checkpointer.save_frozen
     run.checkpointer.save_frozen = lambda *a: (writes.append(a[0]), save_frozen(*a))
@@ -472,7 +474,7 @@ def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef
         assert (a == b).all()
     if kl_coef:
         for a, b in zip(_leaves(resumed.ref_policy), frozen, strict=True):
-            assert (a == b).all()
+            assert a.dtype == b.dtype and (a == b).all()
     else:
         assert resumed.ref_policy is None  # the KL term is off: no reference held or saved
     resumed.checkpointer.close()

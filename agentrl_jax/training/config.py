@@ -237,6 +237,9 @@ class RLSection:
     aggregation: str = "token_mean"
     value_clip: float | None = 0.2  # None: unclipped value loss
     kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3"
+    # The frozen KL reference's parameters: "float32" (a copy of the policy as RL starts) or
+    # "bfloat16" (half the memory a chip holds beside every program of the RL phase).
+    reference_dtype: str = "float32"
     kl_clamp: float | None = None  # clamp of the per-token KL estimate
     temperature: float = 1.0  # > 0: rollouts sample (the learner divides the logits by it)
     top_p: float = 1.0
@@ -248,6 +251,7 @@ class RLSection:
         _choice("config.rl.loss", self.loss, kernels.policy_losses())
         _choice("config.rl.kl_mode", self.kl_mode, KL_MODES)
         _choice("config.rl.task_pool", self.task_pool, TASK_POOLS)
+        _choice("config.rl.reference_dtype", self.reference_dtype, ("float32", "bfloat16"))
         for name in ("actor_lr", "critic_lr", "max_grad_norm"):
             _positive(f"config.rl.{name}", getattr(self, name))
         for name in ("tasks_per_iteration", "epochs", "minibatch_size"):

@@ -55,6 +55,7 @@ from agentrl_jax.training.rl_update import score_rows
 from agentrl_jax.training.trainer import (
     casts,
     model_config,
+    reference_copy,
     rl_learner,
     rl_sampling,
     sft_learner,
@@ -123,7 +124,7 @@ def memory_plan(
         critic = nnx.eval_shape(lambda: Qwen2ValueModel(model_cfg, rngs=nnx.Rngs(0)))
     learner = rl_learner(config, policy, critic, mesh)
     state = learner.abstract_state(policy, critic)
-    ref = state.policy if config.rl.kl_coef > 0 else None
+    ref = reference_copy(state.policy, config.rl.reference_dtype) if config.rl.kl_coef > 0 else None
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
     sampler_mesh, sampler_params, owned = sampler_copy(model_cfg, state.policy, mesh, local_devices)
     build = {

@@ -254,6 +254,22 @@ def sync_sampler(sampler: Sampler, policy: Any, dtype: Any, local: Mesh | None =
         sampler.set_state(policy)
 
 
+def reference_copy(policy: Any, dtype: str) -> Any:
+    """The frozen KL reference made from the policy's parameters (arrays, or abstract
+    ``jax.ShapeDtypeStruct``s with their shardings): floating arrays in ``dtype`` ("float32": a
+    copy; "bfloat16": half the bytes, the KL then measured against the policy rounded to bf16),
+    in the same layout."""
+    target = jnp.dtype(dtype)
+
+    def cast(x):
+        to = target if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, to, sharding=x.sharding)
+        return jnp.copy(x) if x.dtype == to else x.astype(to)
+
+    return jax.tree.map(cast, policy)
+
+
 class Trainer:
     """Runs SFT then RL for a RunConfig in ``workdir`` (TensorBoard, checkpoints, reports)."""
 
@@ -470,7 +486,7 @@ class Trainer:
         checkpoint names it instead of holding another copy). None when the KL weight is 0."""
         if self.config.rl.kl_coef <= 0:
             return
-        self.ref_policy = jax.tree.map(jnp.copy, self.state.policy)
+        self.ref_policy = reference_copy(self.state.policy, self.config.rl.reference_dtype)
         self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
@@ -517,7 +533,8 @@ class Trainer:
             self.ref_policy = state.get("ref")
             if meta.get("reference"):
                 self.ref_policy = self.checkpointer.restore_frozen(
-                    meta["reference"], template["train"].policy
+                    meta["reference"],
+                    reference_copy(template["train"].policy, self.config.rl.reference_dtype),
                 )
         self.curriculum.load_state_dict(meta.pop("curriculum"))
         meta.pop("has_ref", None)
