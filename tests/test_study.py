@@ -52,8 +52,8 @@ def test_every_shipped_study_validates_every_cell(path, tmp_path):
 
 
 def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
-    """reward's dense and decoding's constrained cells are rl_learns' sft_rl cells, config for
-    config, so --reuse copies them."""
+    """decoding's constrained cells are rl_learns' sft_rl cells, config for config, so --reuse
+    copies them; reward plays other games (cooking), so none of its cells is theirs."""
     studies = {n: study_lib.load_study(os.path.join(REPO, "configs", "studies", f"{n}.py"))
                for n in ("rl_learns", "reward", "decoding")}  # fmt: skip
     for name, study in studies.items():
@@ -61,8 +61,10 @@ def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
     cell = lambda name, variant: json.loads(  # noqa: E731
         (tmp_path / name / "cells" / variant / "seed-1" / "cell_config.json").read_text()
     )
-    assert cell("reward", "dense") == cell("rl_learns", "sft_rl") == cell("decoding", "constrained")
-    assert cell("reward", "sparse") != cell("rl_learns", "sft_rl")
+    assert cell("decoding", "constrained") == cell("rl_learns", "sft_rl")
+    assert cell("decoding", "free") != cell("rl_learns", "sft_rl")
+    assert cell("reward", "dense") != cell("rl_learns", "sft_rl")
+    assert cell("reward", "sparse") != cell("reward", "dense")
 
 
 @pytest.mark.parametrize(
