@@ -31,18 +31,6 @@ def _fake_devices(argv: list[str]) -> None:
 
 
 _fake_devices(sys.argv)
-if any(a.startswith("--topology") for a in sys.argv):
-    # libtpu where scripts/test.sh installs it, beside the venv (a pip install of the tpu_plan
-    # extra puts it in the venv instead, where it is found anyway).
-    _BESIDE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".venv")
-    if os.path.isdir(os.path.join(_BESIDE, "tpu_plan", "libtpu")):
-        sys.path.append(os.path.join(_BESIDE, "tpu_plan"))
-    # libtpu, loaded to compile for a TPU slice on a machine without one, looks for this host's
-    # TPU workers first; naming this host keeps it from printing errors about them.
-    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    # Only compiling: several plans may run at once (libtpu otherwise locks the chips it would
-    # drive).
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 import json  # noqa: E402
 import math  # noqa: E402

@@ -152,16 +152,11 @@ def test_sampler_copy_is_planned_in_the_compute_dtype_on_the_hosts_mesh():
     assert layer.dtype == jnp.bfloat16 and layer.sharding.shard_shape(layer.shape) == (128, 192)
 
 
-def _libtpu_path() -> str:
-    """Where libtpu is (scripts/test.sh installs it beside the venv), or skip."""
-    path = os.path.join(REPO, ".venv", "tpu_plan")
-    if not os.path.isdir(os.path.join(path, "libtpu")):
-        pytest.skip("libtpu is not in .venv/tpu_plan (scripts/test.sh installs it there)")
-    return path
-
-
 def _tpu_plan_cli(*args):
-    env = dict(os.environ, PYTHONPATH=_libtpu_path(), JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    """launch.plan --topology, which finds libtpu where scripts/test.sh installs it (or skip)."""
+    if not os.path.isdir(os.path.join(REPO, ".venv", "tpu_plan", "libtpu")):
+        pytest.skip("libtpu is not in .venv/tpu_plan (scripts/test.sh installs it there)")
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
     cmd = [sys.executable, "-m", "launch.plan", "--config=configs/tiny_textworld.py:test", *args]
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 

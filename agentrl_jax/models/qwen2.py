@@ -75,6 +75,11 @@ def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax
     return out.astype(dtype)
 
 
+def at_positions(x_bt: jax.Array, position_b: jax.Array) -> jax.Array:
+    """``x_bt[b, position_b[b]]`` for every row, keeping a length-1 position axis: [B, 1, ...]."""
+    return x_bt[jnp.arange(x_bt.shape[0]), position_b][:, None]
+
+
 class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, n, k, h, pd = (
@@ -124,8 +129,7 @@ class Attention(nnx.Module):
         k = constrain(apply_rope(k, cos_bth, sin_bth), _KV_AXES)
         if query_b is not None:
             x_btd, cos_bth, sin_bth, mask_bts = (
-                a[jnp.arange(a.shape[0]), query_b][:, None]
-                for a in (x_btd, cos_bth, sin_bth, mask_bts)
+                at_positions(a, query_b) for a in (x_btd, cos_bth, sin_bth, mask_bts)
             )
         q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
         q = q + self.q_bias_nh[...].astype(dt)
@@ -247,7 +251,7 @@ class DecoderLayer(nnx.Module):
             self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv, query_b
         )
         if query_b is not None:
-            x_btd = x_btd[jnp.arange(x_btd.shape[0]), query_b][:, None]
+            x_btd = at_positions(x_btd, query_b)
         x_btd = x_btd + attn_out
         x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd)), _RESIDUAL_AXES)
         return x_btd, extra

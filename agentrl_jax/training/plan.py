@@ -35,6 +35,9 @@ differ by backend).
 from __future__ import annotations
 
 import math
+import os
+import pathlib
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -183,6 +186,16 @@ def tpu_devices(topology: str) -> list[jax.Device]:
     """
     from jax.experimental import topologies  # noqa: PLC0415
 
+    # libtpu where scripts/test.sh installs it, beside the venv (the tpu_plan extra puts it in
+    # the venv instead, where it is found anyway); read when the TPU plugin first loads.
+    beside = pathlib.Path(__file__).resolve().parents[2] / ".venv" / "tpu_plan"
+    if (beside / "libtpu").is_dir() and str(beside) not in sys.path:
+        sys.path.append(str(beside))
+    # libtpu looks for this host's TPU workers first: naming this host keeps it from printing
+    # errors about them. Only compiling, several plans may load it at once (it otherwise locks
+    # the chips it would drive).
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         return list(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
     except Exception as e:  # noqa: BLE001 - libtpu's own errors (missing, unknown name) vary
