@@ -52,16 +52,21 @@ def test_every_shipped_study_validates_every_cell(path, tmp_path):
 
 
 def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
-    """decoding's constrained cells are rl_learns' sft_rl cells, config for config, so --reuse
-    copies them; reward plays other games (cooking), so none of its cells is theirs."""
+    """decoding's constrained cells, envrl's and algorithms' grpo cells are rl_learns' sft_rl
+    cells, config for config, so --reuse copies them; reward plays other games (cooking), so none
+    of its cells is theirs."""
+    names = ("rl_learns", "reward", "decoding", "envrl", "algorithms")
     studies = {n: study_lib.load_study(os.path.join(REPO, "configs", "studies", f"{n}.py"))
-               for n in ("rl_learns", "reward", "decoding")}  # fmt: skip
+               for n in names}  # fmt: skip
     for name, study in studies.items():
         study_lib.prepare(study, str(tmp_path / name))
     cell = lambda name, variant: json.loads(  # noqa: E731
         (tmp_path / name / "cells" / variant / "seed-1" / "cell_config.json").read_text()
     )
     assert cell("decoding", "constrained") == cell("rl_learns", "sft_rl")
+    assert cell("envrl", "grpo") == cell("algorithms", "grpo") == cell("rl_learns", "sft_rl")
+    assert cell("envrl", "grpo_envrl") != cell("envrl", "grpo")
+    assert cell("algorithms", "gagpo") != cell("algorithms", "gigpo")
     assert cell("decoding", "free") != cell("rl_learns", "sft_rl")
     assert cell("reward", "dense") != cell("rl_learns", "sft_rl")
     assert cell("reward", "sparse") != cell("reward", "dense")
@@ -281,6 +286,23 @@ def test_reuse_copies_cells_with_the_same_config_and_code_and_runs_the_rest(tmp_
     assert (third / "cells" / "rloo" / "seed-1" / "reused_from").is_file()
     assert not (third / "cells" / "rloo" / "seed-0" / "reused_from").exists()
     assert any("start rloo/seed-0" in line for line in lines)
+
+
+def test_variants_run_a_study_a_few_at_a_time_into_one_workdir(tmp_path, monkeypatch):
+    _fake_cells(tmp_path, monkeypatch)
+    study, workdir, lines = study_lib.load_study(SMOKE), tmp_path / "study", []
+    results = study_lib.run_study(study, str(workdir), log=lines.append, variants=["grpo"])
+    assert "0 already done, 0 reused, 2 to run (variants grpo)" in lines[0]
+    assert sorted(results["cells"]) == ["grpo/seed-0", "grpo/seed-1"]
+    assert not (workdir / "cells" / "rloo" / "seed-0" / "ran").exists()
+    lines.clear()
+    results = study_lib.run_study(study, str(workdir), log=lines.append, variants=["rloo"])
+    assert "2 already done, 0 reused, 2 to run (variants rloo)" in lines[0]
+    assert (workdir / "cells" / "grpo" / "seed-0" / "ran").read_text() == "x"  # not rerun
+    rloo = results["variants"]["rloo"]["levels"]["simple@test"]
+    assert rloo["vs_reference"]["mean"] == pytest.approx(0.25)  # the results cover both runs
+    with pytest.raises(study_lib.StudyError, match=r"--variants names \['ppo'\].*'grpo', 'rloo'"):
+        study_lib.run_study(study, str(workdir), log=lines.append, variants=["ppo"])
 
 
 def test_a_failed_cell_is_named_and_the_others_finish(tmp_path, monkeypatch):

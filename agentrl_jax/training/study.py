@@ -634,12 +634,15 @@ def run_study(
     log: Callable[[str], None] = print,
     repo: str | None = None,
     reuse: Sequence[str] = (),
+    variants: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Runs every unfinished cell (``parallel`` at a time), then writes results.json, results.md
     and learning_curve.png from every finished cell. Returns the results.
 
     ``reuse``: other studies' workdirs whose finished cells fill this study's cells that would
     run the same config with the same code (``reuse_cells``), e.g. a shared baseline.
+    ``variants``: run only these variants' cells (empty: all); the results cover every finished
+    cell, so a study can be run a few variants at a time into one workdir.
 
     Raises:
       StudyError: a cell's config is invalid (before anything runs), or a cell failed (after the
@@ -647,18 +650,27 @@ def run_study(
     """
     if parallel < 1:
         raise StudyError(f"--parallel={parallel}: expected >= 1")
+    unknown = [v for v in variants if v not in study.variants]
+    if unknown:
+        raise StudyError(
+            f"{study.path}: --variants names {unknown}, which the study does not have; "
+            f"its variants: {list(study.variants)}"
+        )
     repo = repo or os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     workdir = os.path.abspath(workdir)
     configs = prepare(study, workdir)
     cells = study.cells()
-    pending = [c for c in cells if not is_done(workdir, *c)]
+    done = [c for c in cells if is_done(workdir, *c)]
+    pending = [c for c in cells if c not in done and (not variants or c[0] in variants)]
     code = cell_code()
     reused = reuse_cells(workdir, pending, reuse, code) if reuse and pending else {}
     pending = [c for c in pending if c not in reused]
     log(
         f"study {study.name}: {len(cells)} cells ({len(study.variants)} variants x "
-        f"{len(study.seeds)} seeds), {len(cells) - len(pending) - len(reused)} already done, "
-        f"{len(reused)} reused, {len(pending)} to run, {parallel} at a time; workdir {workdir}"
+        f"{len(study.seeds)} seeds), {len(done)} already done, "
+        f"{len(reused)} reused, {len(pending)} to run"
+        + (f" (variants {', '.join(variants)})" if variants else "")
+        + f", {parallel} at a time; workdir {workdir}"
     )
     for cell, source in reused.items():
         log(f"  reused {cell[0]}/seed-{cell[1]}: the same config and code ran in {source}")
