@@ -6,15 +6,19 @@ r"""Runs a study: every (variant, seed) cell trained and evaluated, then the tab
 Each cell is a ``launch.train`` subprocess in ``WORKDIR/cells/<variant>/seed-<s>/run``; rerunning
 the same command resumes: finished cells (their ``done`` marker) are not run again, an interrupted
 cell continues from its last checkpoint. Writes ``WORKDIR/results.json``, ``results.md`` and
-``learning_curve.png``. ``--parallel=2`` runs two cells at once (each needs the memory of one
-run: about 4.5 GB for the tiny default; on a 2-core machine two CPU-bound cells at once are
-slower than one after the other, docs/evaluation.md). ``--reuse=studies/OTHER`` copies the finished cells of
-another study that ran the same config with the same code instead of running them again.
-``--variants=grpo,ppo`` runs only those variants' cells (the results cover every finished cell,
-so a study can be run a few variants at a time into one workdir). The
-study file format: ``agentrl_jax/training/study.py``.
-Each cell's console output is its ``train.log`` (its library logs: ``run/logs/train.log``); the
-study's own library logs go to ``WORKDIR/logs/study.log``.
+``learning_curve.png``.
+
+- ``--parallel=2`` runs two cells at once (each needs the memory of one run: about 4.5 GB for the
+  tiny default; on a 2-core machine two CPU-bound cells at once are slower than one after the
+  other, docs/evaluation.md).
+- ``--reuse=studies/OTHER`` copies the finished cells of another study that ran the same config
+  with the same code instead of running them again.
+- ``--variants=grpo,ppo`` runs only those variants' cells (the results cover every finished cell,
+  so a study can be run a few variants at a time into one workdir).
+
+The study file format: ``agentrl_jax/training/study.py``. Each cell's console output is its
+``train.log`` (its library logs: ``run/logs/train.log``); the study's own library logs go to
+``WORKDIR/logs/study.log``.
 """
 
 from absl import app, flags
