@@ -14,7 +14,9 @@ episodes, evaluations marked).
 ``--split``: a held-out split of the env (TextWorld: ``valid``, the tuning split, or ``test``,
 the reporting one; default: the run's evaluation split). ``--decoding``: ``constrained`` (the
 policy writes one of the env's admissible commands; the env must list them) or ``free`` (default:
-the run's). Reports are named ``eval_<split>[_<decoding>]_<level>_<split>``. Library logs
+the run's). Reports are named ``eval_<split>[_<decoding>]_<level>_<split>``; beside each, its
+first ``--transcripts`` episodes as text (``..._transcripts.md``: what the model read and wrote
+each turn; default: the run's ``env.num_transcripts``, 3). Library logs
 (orbax, JAX) go to ``WORKDIR/logs/eval.log``, not the console (``--alsologtostderr``: both).
 """
 
@@ -43,6 +45,12 @@ _DECODING = flags.DEFINE_enum(
 )
 _LEVELS = flags.DEFINE_list("levels", None, "Levels to evaluate (default: the run's eval levels).")
 _NUM_TASKS = flags.DEFINE_integer("num_tasks", None, "Tasks per level (default: the run's).")
+_TRANSCRIPTS = flags.DEFINE_integer(
+    "transcripts",
+    None,
+    "Episodes per level written out as text, eval/<name>_<level>_transcripts.md (default: the "
+    "run's env.num_transcripts).",
+)
 
 
 def main(argv):
@@ -74,6 +82,8 @@ def main(argv):
         cd.env.num_eval_tasks = _NUM_TASKS.value
     if _DECODING.value:
         cd.rollout.constrain_actions = _DECODING.value == "constrained"
+    if _TRANSCRIPTS.value is not None:
+        cd.env.num_transcripts = _TRANSCRIPTS.value
     try:
         config = from_config_dict(cd, num_devices=jax.device_count())
     except ConfigError as e:
@@ -101,7 +111,7 @@ def main(argv):
         print(f"## {level}\n\n{evaluation.markdown_table(result)}\n")
     for key, value in sorted(metrics.items()):
         print(f"{key}: {value:.3f}")
-    print(f"reports: {out}/{name}_*.json and .md")
+    print(f"reports: {out}/{name}_*.json and .md (transcripts: {name}_*_transcripts.md)")
     print(f"learning curve: {out}/learning_curve.png ({', '.join(tags)})")
 
 

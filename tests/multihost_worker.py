@@ -87,18 +87,17 @@ class CountingPool:
         return out
 
 
-def worker_parts(tokenizer_dir, capacity: int = 2):
-    """(pool, sampler, tokenizer, template, rollout config) of a tiny rollout worker: the same
-    policy (seed 0) and tokenizer on every process."""
+def tiny_sampler(texts, tokenizer_dir):
+    """(sampler, tokenizer, template): a 1-layer policy (seed 0) sampling at temperature 1, and a
+    300-token tokenizer built from ``texts``; the same on every process."""
     from flax import nnx
 
     from agentrl_jax.models import Qwen2ForCausalLM, preset
     from agentrl_jax.models.tokenizer import build_tokenizer
     from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
     from agentrl_jax.training.chat import get_template
-    from agentrl_jax.training.rollout import RolloutConfig
 
-    tok = build_tokenizer(["a room | look | Goal: win"] * 10, 300, tokenizer_dir)
+    tok = build_tokenizer(list(texts) * 10, 300, tokenizer_dir)
     cfg = preset(
         "tiny", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
         num_heads=2, num_kv_heads=1, head_dim=16,
@@ -110,6 +109,14 @@ def worker_parts(tokenizer_dir, capacity: int = 2):
         stop=StopConfig(eos_ids=(template.stop_id(tok),)),
         pad_id=tok.pad_token_id,
     )
+    return sampler, tok, template
+
+
+def worker_parts(tokenizer_dir, capacity: int = 2):
+    """(pool, sampler, tokenizer, template, rollout config) of a tiny rollout worker."""
+    from agentrl_jax.training.rollout import RolloutConfig
+
+    sampler, tok, template = tiny_sampler(["a room | look | Goal: win"], tokenizer_dir)
     config = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=4, max_seq_len=256)
     return CountingPool(capacity), sampler, tok, template, config
 

@@ -28,7 +28,8 @@ SNAPSHOT = os.path.join(REPO, "tests", "data", "resolved_configs.json")
 # replaced 100 updates as the default; model.remat names a policy ("none" | "full" | "save_dots",
 # was a bool) and model.scan_layers is new (on with the Qwen configs' full remat); the
 # before/after report's test games are new (env.report_levels, env.num_report_tasks: 200, the
-# tiny default 50, its :test 1 and :smoke 2); the watchdog (new field) is off by default.
+# tiny default 50, its :test 1 and :smoke 2); the watchdog (new field) is off by default; each
+# evaluated level writes 3 episodes as text (env.num_transcripts, new).
 REPORT_TASKS = {
     "configs/tiny_textworld.py": 50,
     "configs/tiny_textworld.py:test": 1,
@@ -65,6 +66,7 @@ with open(SNAPSHOT) as _f:
             "model.scan_layers": bool(resolved["model"]["remat"]),
             "env.report_levels": [],
             "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
+            "env.num_transcripts": 3,
             "watchdog_s": 0.0,
             "rl.reference_dtype": "float32",
             **TUNED.get(spec, {}),

@@ -8,14 +8,10 @@ import pathlib
 
 import jax
 import pytest
-from flax import nnx
+from multihost_worker import tiny_sampler
 
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.models import Qwen2ForCausalLM, preset
-from agentrl_jax.models.tokenizer import build_tokenizer
-from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
-from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.evaluate import (
     EvalResult,
     before_after_rows,
@@ -26,6 +22,7 @@ from agentrl_jax.training.evaluate import (
     rl_episode_axis,
     summarize,
     task_type,
+    transcript,
     write_report,
 )
 from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
@@ -114,18 +111,8 @@ class RecordingSampler:
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    tok = build_tokenizer(["a room | look | Goal: win | Commands: look"] * 10, 300,
-                          tmp_path_factory.mktemp("tok"))  # fmt: skip
-    cfg = preset(
-        "tiny", vocab_size=300, hidden_size=32, intermediate_size=64, num_layers=1,
-        num_heads=2, num_kv_heads=1, head_dim=16,
-    )  # fmt: skip
-    template = get_template("plain")
-    sampler = Sampler(
-        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
-        sampling=SamplingParams(temperature=1.0),
-        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
-        pad_id=tok.pad_token_id,
+    sampler, tok, template = tiny_sampler(
+        ["a room | look | Goal: win | Commands: look"], tmp_path_factory.mktemp("tok")
     )
     config = RolloutConfig(group_size=2, max_turns=4, max_new_tokens=4, max_seq_len=256)
     return RolloutWorker(OutcomePool(), RecordingSampler(sampler), tok, template, config)
@@ -229,6 +216,41 @@ def test_reports_json_and_markdown(tmp_path, greedy):
     assert "| **all** | 0 | n/a | n/a | n/a | n/a | n/a | 1 |" in markdown_table(empty)
     with pytest.raises(ValueError, match="plain file stem"):
         write_report(result, tmp_path, "a/b")
+
+
+def test_transcripts_show_what_the_agent_read_and_wrote(tmp_path, worker):
+    result = evaluate(worker, TASKS, jax.random.key(0), transcripts=2)
+    assert len(result.transcripts) == 2
+    first, second = result.transcripts
+    # simple/0: won at step 2; step 1 (odd) is flagged invalid and pays 0.25 without ending it.
+    assert first.startswith("### valid:simple/0: won, 2 steps, return 1.25\n")
+    assert "action 0 (reward 0.25, invalid):" in first and "action 1 (reward 1):" in first
+    assert first.count("a room") == 3  # two observations and the one after the last action
+    assert second.startswith("### valid:simple/1: lost, 3 steps, return 0.25\n")
+    _, md_path = write_report(result, tmp_path, "valid_simple")
+    text = (tmp_path / "valid_simple_transcripts.md").read_text()
+    assert text.startswith("# Transcripts: valid_simple\n\nThe first 2 episodes (7 valid games")
+    assert first in text and second in text
+    assert EvalResult.from_json(json.loads(pathlib.Path(md_path[:-3] + ".json").read_text())) == (
+        dataclasses.replace(result, transcripts=())
+    )  # the report's JSON holds no transcript
+    assert evaluate(worker, TASKS[:1], jax.random.key(0)).transcripts == ()  # off by default
+
+
+def test_a_transcript_keeps_what_the_model_wrote_verbatim():
+    class Tok:
+        def decode(self, ids, skip_special_tokens):
+            return {1: "header", 2: "obs", 3: "say ```x``` then\nmore", 4: "end"}[ids[0]]
+
+    step = Step([2], [3], [0.0], obs_ids=[2])
+    traj = Trajectory(_task("simple/9"), 0, steps=[step], truncated=True, header_ids=[1],
+                      final_obs_ids=[4])  # fmt: skip
+    text = transcript(traj, Tok())
+    assert text.startswith("### valid:simple/9: truncated, 1 steps, return 0\n")
+    assert "context header:\n```\nheader\n```" in text
+    # A fence longer than any the text holds, so the action reads as written.
+    assert "action 0:\n````\nsay ```x``` then\nmore\n````" in text
+    assert text.endswith("final observation:\n```\nend\n```\n")
 
 
 def test_before_after_table():

@@ -143,6 +143,8 @@ class EnvSection:
     report_levels: tuple[str, ...] = ()  # empty: eval_levels, on the report split
     # Games per level of the before/after report (0: the report reads the valid evaluations).
     num_report_tasks: int = 200
+    # Episodes per evaluated level written out as text (eval/<name>_<level>_transcripts.md).
+    num_transcripts: int = 3
     num_workers: int = 2  # actor processes (0: one per CPU)
     envs_per_worker: int = 16
 
@@ -159,6 +161,7 @@ class EnvSection:
         _integer("config.env.num_train_tasks", self.num_train_tasks, 1)
         _integer("config.env.num_eval_tasks", self.num_eval_tasks, 1)
         _integer("config.env.num_report_tasks", self.num_report_tasks, 0)
+        _integer("config.env.num_transcripts", self.num_transcripts, 0)
         _integer("config.env.num_workers", self.num_workers, 0)
         _integer("config.env.envs_per_worker", self.envs_per_worker, 1)
 

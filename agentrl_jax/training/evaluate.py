@@ -21,6 +21,10 @@ temperature (0: greedy), the run's seed, and a 95% Wilson interval for each succ
 (``training/stats.py``). It keeps each counted episode's outcome by task id, so two results on the
 same games (after SFT, after RL) get a paired interval for their difference
 (:func:`paired_gain`, Newcombe's method for paired data).
+
+What the agent did: ``evaluate(..., transcripts=N)`` keeps the first N episodes as text (each
+turn's observation as the model read it and the command it wrote, with the reward and the
+outcome), and ``write_report`` puts them beside the report in ``<name>_transcripts.md``.
 """
 
 from __future__ import annotations
@@ -111,6 +115,8 @@ class EvalResult:
     temperature: the sampling temperature (0.0: greedy).
     seed: the run's seed (the policy's), when known.
     outcomes: (task id, won) of every counted episode, in play order: what pairs two results.
+    transcripts: the first episodes as markdown (``transcript``), when asked for; written beside
+      the report, not part of its JSON.
     """
 
     overall: Stats
@@ -122,6 +128,7 @@ class EvalResult:
     temperature: float = 0.0
     seed: int | None = None
     outcomes: tuple[tuple[str, bool], ...] = ()
+    transcripts: tuple[str, ...] = ()
 
     @property
     def success_rate(self) -> float:
@@ -258,6 +265,7 @@ def evaluate(
     sampling: SamplingParams | None = None,
     batch_size: int | None = None,
     seed: int | None = None,
+    transcripts: int = 0,
 ) -> EvalResult:
     """Plays every task with the policy and reports success overall and per task type.
 
@@ -271,6 +279,7 @@ def evaluate(
       batch_size: episodes played at once at most (default: the worker's waves, which fill
         its actor pool; a multi-host worker splits them over the processes).
       seed: the run's seed, recorded in the result (the policy's; greedy play needs no key).
+      transcripts: keep the first this many episodes, in task order, as text (``transcript``).
 
     Returns:
       EvalResult, with the decoding mode of ``worker.config.constrain_actions``.
@@ -290,7 +299,7 @@ def evaluate(
     for start in range(0, len(tasks), per_call):
         chunk = list(tasks[start : start + per_call])
         trajs += worker.run(chunk, rng, sampling=sampling, task_offset=start)
-    return summarize(
+    result = summarize(
         trajs,
         greedy=greedy,
         num_tasks=len(tasks),
@@ -298,13 +307,52 @@ def evaluate(
         temperature=(sampling or SamplingParams()).temperature,
         seed=seed,
     )
+    texts = tuple(transcript(t, worker.tokenizer) for t in trajs[:transcripts])
+    return dataclasses.replace(result, transcripts=texts)
+
+
+def transcript(traj: Trajectory, tokenizer) -> str:
+    """One episode as markdown: its task and outcome, then per turn the observation as the model
+    read it (the newest turn; in step-wise contexts after the header with the goal, shown once)
+    and the command it wrote, with its reward and whether the environment rejected it; then the
+    observation after the last command."""
+
+    def block(ids) -> list[str]:
+        body = tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+        fence = "```"
+        while fence in body:  # a fence the text cannot close
+            fence += "`"
+        return [fence, body, fence, ""]
+
+    if traj.infra_failure:
+        outcome = "infrastructure failure"
+    else:
+        outcome = "won" if traj.won else ("truncated" if traj.truncated else "lost")
+    lines = [
+        f"### {traj.task.split}:{traj.task.id}: {outcome}, {len(traj.steps)} steps, "
+        f"return {traj.episode_return:g}",
+        "",
+    ]
+    if traj.header_ids:
+        lines += ["context header:", *block(traj.header_ids)]
+    for t, step in enumerate(traj.steps):
+        notes = [f"reward {step.reward:g}"] if step.reward else []
+        if step.info.get("invalid_action"):
+            notes.append("invalid")
+        lines += [f"observation {t}:", *block(step.obs_ids)]
+        lines += [f"action {t}" + (f" ({', '.join(notes)})" if notes else "") + ":"]
+        lines += block(step.action_ids)
+    if traj.final_obs_ids:
+        lines += ["final observation:", *block(traj.final_obs_ids)]
+    return "\n".join(lines)
 
 
 # ------------------------------------------------------------------------------------ reports
 
 
 def write_report(result: EvalResult, out_dir: str | os.PathLike, name: str) -> tuple[str, str]:
-    """Writes ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md``; returns their paths."""
+    """Writes ``<out_dir>/<name>.json`` and ``<out_dir>/<name>.md`` (and, when the result kept
+    transcripts, ``<out_dir>/<name>_transcripts.md``); returns the report's two paths."""
     if not name or os.sep in name or name.startswith("."):
         raise ValueError(f"report name {name!r}: expected a plain file stem such as 'eval_simple'")
     os.makedirs(out_dir, exist_ok=True)
@@ -315,6 +363,14 @@ def write_report(result: EvalResult, out_dir: str | os.PathLike, name: str) -> t
         f.write("\n")
     with open(md_path, "w") as f:
         f.write(f"# Evaluation: {name}\n\n{markdown_table(result)}\n")
+    if result.transcripts:
+        with open(os.path.join(out_dir, f"{name}_transcripts.md"), "w") as f:
+            n = len(result.transcripts)
+            first = f"first {n} episodes" if n > 1 else "first episode"
+            f.write(
+                f"# Transcripts: {name}\n\nThe {first} ({result.protocol}).\n\n"
+                + "\n".join(result.transcripts)
+            )
     return json_path, md_path
 
 

@@ -785,7 +785,12 @@ class Trainer:
             ids = tuple((t.split, t.id) for t in tasks)
             if ids not in played:
                 played[ids] = evaluation.evaluate(
-                    self.worker, tasks, jax.random.key(0), greedy=True, seed=self.config.seed
+                    self.worker,
+                    tasks,
+                    jax.random.key(0),
+                    greedy=True,
+                    seed=self.config.seed,
+                    transcripts=self.config.env.num_transcripts,
                 )
             result = results[level] = played[ids]
             if multihost.is_primary():
