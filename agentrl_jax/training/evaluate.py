@@ -40,7 +40,7 @@ import jax
 
 from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.training import stats as stats_lib
-from agentrl_jax.training.rollout import RolloutWorker
+from agentrl_jax.training.rollout import RolloutWorker, decode_text
 from agentrl_jax.training.trajectory import Trajectory
 
 DEFAULT_CURVE_TAGS = (
@@ -318,7 +318,7 @@ def transcript(traj: Trajectory, tokenizer) -> str:
     observation after the last command."""
 
     def block(ids) -> list[str]:
-        body = tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+        body = decode_text(tokenizer, ids)
         fence = "```"
         while fence in body:  # a fence the text cannot close
             fence += "`"

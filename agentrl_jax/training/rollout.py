@@ -279,8 +279,11 @@ class RolloutWorker:
         ids = self.tokenizer.encode(action, add_special_tokens=False)
         return ids + [self.template.stop_id(self.tokenizer)]
 
-    def _decode_action(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
+
+def decode_text(tokenizer, ids) -> str:
+    """Ids as the environment reads them: special tokens (the stop token) dropped, whitespace
+    stripped. What an action's ids become as a command, and how transcripts show every turn."""
+    return tokenizer.decode(list(ids), skip_special_tokens=True).strip()
 
 
 def cut_waves(start: int, stop: int, per_wave: int) -> list[slice]:
@@ -468,7 +471,7 @@ class _WaveActor:
             ep.used += len(feed[i]) + len(actions_ids[i])
             if cfg.context_mode == "step":
                 ep.history.append(ep.pending_ids + actions_ids[i])
-            actions.append(w._decode_action(actions_ids[i]))
+            actions.append(decode_text(w.tokenizer, actions_ids[i]))
         return actions
 
     def observe(self, ep: Episode, res: StepResult) -> None:

@@ -660,7 +660,7 @@ def run_study(
     workdir = os.path.abspath(workdir)
     configs = prepare(study, workdir)
     cells = study.cells()
-    done = [c for c in cells if is_done(workdir, *c)]
+    done = {c for c in cells if is_done(workdir, *c)}
     pending = [c for c in cells if c not in done and (not variants or c[0] in variants)]
     code = cell_code()
     reused = reuse_cells(workdir, pending, reuse, code) if reuse and pending else {}
