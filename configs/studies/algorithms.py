@@ -1,7 +1,7 @@
 r"""PPO with a critic (token-level GAE), GRPO, RLOO, GiGPO and GAGPO at the same recipe and budget.
 
     python -m launch.study --study=configs/studies/algorithms.py --workdir=studies/algorithms \
-        --reuse=studies/decoding
+        --reuse=docs/results/cells/algorithms
 
 The practitioner's guide finds PPO best on TextWorld (88%); GAGPO reports faster early learning
 and higher success than GiGPO (../shared/PAPERS.md). Here every estimator gets the built-in
@@ -9,14 +9,16 @@ default's recipe: 60 demonstrations, then 20 iterations of 64 episodes (16 tasks
 the group each critic-free estimator compares within) on unseen simple games, whole-episode
 contexts (the critic reads them: ``gae`` needs ``context_mode='episode'``), each estimator with
 its own ratio level (GAGPO one ratio per action, the others per token). The ``grpo`` cells are
-the default's own, so ``--reuse`` copies them from the ``decoding`` study's ``constrained`` cells
-when the code is the same. 200 simple and 200 medium test games, constrained decoding, greedy,
-three seeds; docs/results.md.
+the default's own (``rl_learns``' ``sft_rl``, ``envrl``'s ``grpo``: ``--reuse`` takes them from
+those studies' workdirs too when the code is the same). 200 simple and 200 medium test games,
+constrained decoding, greedy, three seeds; docs/results.md.
 
-Fifteen cells of about 11 minutes each, three of them (``grpo``) reused: run it a few variants
-at a time into one workdir, each part under 90 minutes on 2 cores, e.g. ``--variants=grpo,ppo``
-(2026-12-02), then ``--variants=gigpo,gagpo``, then ``--variants=rloo``; the results cover every
-finished cell.
+Fifteen cells of about 8 minutes each (PPO's 14-16): run it a few variants at a time into one
+workdir, each part under 90 minutes on 2 cores (``--variants=gigpo,gagpo``); the results cover
+every finished cell. Ran 2026-12-02 for seed 0 of every estimator and seed 1 of grpo, ppo and
+rloo; those cells are kept in docs/results/cells/algorithms, and
+``--reuse=docs/results/cells/algorithms`` fills them while the package code is unchanged
+(docs/results.md).
 
 Simple games, not medium: at this model size RL wins almost no medium game (``rl_learns``:
 0.5-2.5% on medium whichever way the budget went), and an estimator cannot assign credit

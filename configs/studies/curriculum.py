@@ -4,26 +4,39 @@ and hard.
     python -m launch.study --study=configs/studies/curriculum.py --workdir=studies/curriculum
 
 The practitioner's guide (../shared/PAPERS.md) finds a curriculum from simple to complex tasks
-beats training at one complexity on the harder tasks. Both arms get the built-in default's
-budget in the guide's units: 60 demonstrations, then 20 GRPO iterations of 64 episodes on games
-no demonstration used, whole-episode contexts.
+beats training at one complexity on the harder tasks. Both arms get one budget in the guide's
+units: 60 demonstrations, then 10 GRPO iterations of 32 episodes (8 tasks x 4 rollouts) on
+games no demonstration used.
 - ``medium``: the demonstrations and every RL iteration on medium games (4 rooms, 8 objects, a
   4-step quest).
-- ``simple_medium``: the demonstrations on simple games (2 rooms, 3 objects, 2 steps), then 10
-  RL iterations on simple games and 10 on medium ones.
+- ``simple_medium``: the demonstrations on simple games (2 rooms, 3 objects, 2 steps), then 5
+  RL iterations on simple games and 5 on medium ones.
 200 medium and 200 hard (8 rooms, 12 objects, 6 steps) test games, constrained decoding, greedy,
 three seeds; docs/results.md.
 
-Medium games end after 6 steps as every game of the default does (walkthroughs are 4 steps:
-the first 12 test games checked), so a policy has 2 steps to spare; a hard game's walkthrough
-(6 steps) leaves none, so hard success measures near-perfect play. Not yet run.
+Step-wise contexts (the goal, the last 2 turns, the new observation) and 10 steps an episode,
+as in the ``reward`` study, not the default's whole-episode 768-token rows and 6 steps: under
+those, a medium episode runs out of context after about 4 turns (the ``algorithms`` study's
+grpo seed 0: 3.9 steps an episode on 200 medium test games after SFT, every one cut short, 0
+won), so a 4-step quest had to be played without one wrong step, and a hard one (6 steps)
+could not fit. Sized from the ``reward`` study's cost (a step-wise iteration of 32 episodes:
+30-37 s of update); not yet run: pilot one cell first.
 """
 
 
 def get_study():
     return dict(
         baseline="configs/tiny_textworld.py",
-        overrides={"env.eval_levels": ("medium",)},  # valid games select on the target level
+        overrides={
+            "env.eval_levels": ("medium",),  # valid games select on the target level
+            "env.kwargs.max_steps": 10,
+            "rollout.max_turns": 10,
+            "rollout.context_mode": "step",
+            "rollout.history_turns": 2,
+            "rl.tasks_per_iteration": 8,
+            "budget.total": 600 + 10 * 32,
+            "budget.sft_fraction": 600 / (600 + 10 * 32),
+        },
         variants={
             "medium": {
                 "env.train_levels": ("medium",),
@@ -31,7 +44,7 @@ def get_study():
             },
             "simple_medium": {
                 "curriculum.stages": [[("simple", 1.0)], [("medium", 1.0)]],
-                "curriculum.stage_iterations": (10, 10),
+                "curriculum.stage_iterations": (5, 5),
             },
         },
         reference="medium",
