@@ -5,7 +5,9 @@ r"""The built-in default: the tiny policy on simple TextWorld games, SFT then GR
 Held-out evaluation on simple (the training complexity) and medium (the next harder one): valid
 games for checkpoint selection, and the before/after table on test games (docs/evaluation.md).
 ``--config=configs/tiny_textworld.py:smoke`` shrinks the run for a quick look at every stage;
-``:test`` shrinks it further (a 1-layer model) for the test suite.
+``:test`` shrinks it further (a 1-layer model) for the test suite; ``:step`` is the recipe in
+step-wise contexts, for games whose episodes outgrow a whole-episode row (the ``reward`` and
+``curriculum`` studies).
 """
 
 import ml_collections
@@ -61,6 +63,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # iterations of 64 episodes.
     c.budget = dict(total=600 + 20 * 64, sft_fraction=600 / (600 + 20 * 64))
 
+    if arg == "step":
+        # Each step's context is the goal, the last 2 turns and the new observation, so a long
+        # observation (a cooking game's kitchen, a medium game's rooms) no longer ends the episode
+        # after a few turns; 10 steps an episode. A step-wise update trains one row per step played
+        # (about 5 an episode), so RL is 10 iterations of 32 episodes (8 tasks x 4 rollouts).
+        c.env.kwargs.max_steps = 10
+        c.rollout.update(max_turns=10, context_mode="step", history_turns=2)
+        c.rl.tasks_per_iteration = 8
+        c.budget = dict(total=600 + 10 * 32, sft_fraction=600 / (600 + 10 * 32))
     if arg == "test":
         # The test suite's run: a 1-layer model, 1 demonstration, 3 RL iterations of 2 x 2.
         c.env.num_train_tasks = 2  # 1 for the demonstration, 1 unseen for RL

@@ -26,17 +26,8 @@ could not fit. Sized from the ``reward`` study's cost (a step-wise iteration of 
 
 def get_study():
     return dict(
-        baseline="configs/tiny_textworld.py",
-        overrides={
-            "env.eval_levels": ("medium",),  # valid games select on the target level
-            "env.kwargs.max_steps": 10,
-            "rollout.max_turns": 10,
-            "rollout.context_mode": "step",
-            "rollout.history_turns": 2,
-            "rl.tasks_per_iteration": 8,
-            "budget.total": 600 + 10 * 32,
-            "budget.sft_fraction": 600 / (600 + 10 * 32),
-        },
+        baseline="configs/tiny_textworld.py:step",
+        overrides={"env.eval_levels": ("medium",)},  # valid games select on the target level
         variants={
             "medium": {
                 "env.train_levels": ("medium",),

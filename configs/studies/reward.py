@@ -38,19 +38,12 @@ COOKING = "tw-cooking:recipe=1,take=1,go=1"
 
 def get_study():
     return dict(
-        baseline="configs/tiny_textworld.py",
+        baseline="configs/tiny_textworld.py:step",  # 10 steps: about twice the walkthrough
         overrides={
             "env.train_levels": (COOKING,),  # the demonstrations' games
             "curriculum.stages": [[(COOKING, 1.0)]],  # RL's games
             "env.eval_levels": (COOKING,),
             "env.num_train_tasks": 124,
-            "env.kwargs.max_steps": 10,  # about twice the walkthrough
-            "rollout.max_turns": 10,
-            "rollout.context_mode": "step",
-            "rollout.history_turns": 2,
-            "rl.tasks_per_iteration": 8,
-            "budget.total": 600 + 10 * 32,
-            "budget.sft_fraction": 600 / (600 + 10 * 32),
         },
         variants={"dense": {}, "sparse": {"env.kwargs.reward": "sparse"}},
         reference="dense",
