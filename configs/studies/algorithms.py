@@ -15,10 +15,9 @@ constrained decoding, greedy, three seeds; docs/results.md.
 
 Fifteen cells of about 8 minutes each (PPO's 14-16): run it a few variants at a time into one
 workdir, each part under 90 minutes on 2 cores (``--variants=gigpo,gagpo``); the results cover
-every finished cell. Ran 2026-12-02 for seed 0 of every estimator and seed 1 of grpo, ppo and
-rloo; those cells are kept in docs/results/cells/algorithms, and
-``--reuse=docs/results/cells/algorithms`` fills them while the package code is unchanged
-(docs/results.md).
+every finished cell. Ran 2026-12-02 in full (two sessions, 15 cells); the cells are kept in
+docs/results/cells/algorithms, and ``--reuse=docs/results/cells/algorithms`` fills them while
+the package code is unchanged (docs/results.md).
 
 Simple games, not medium: at this model size RL wins almost no medium game (``rl_learns``:
 0.5-2.5% on medium whichever way the budget went), and an estimator cannot assign credit
