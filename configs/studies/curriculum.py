@@ -19,8 +19,12 @@ as in the ``reward`` study, not the default's whole-episode 768-token rows and 6
 those, a medium episode runs out of context after about 4 turns (the ``algorithms`` study's
 grpo seed 0: 3.9 steps an episode on 200 medium test games after SFT, every one cut short, 0
 won), so a 4-step quest had to be played without one wrong step, and a hard one (6 steps)
-could not fit. Sized from the ``reward`` study's cost (a step-wise iteration of 32 episodes:
-30-37 s of update); not yet run: pilot one cell first.
+could not fit.
+
+Ran 2026-12-03 alone on the 2-core VM: 12-17 min a cell (a medium iteration's update 45-63 s),
+1 h 27 min for the six. No difference between the arms (medium test games 15.7% with the
+curriculum vs 18.0%, -2.3 points [-35.1, 30.4]; hard 9.0% vs 8.2%); the finished cells are kept
+in docs/results/cells/curriculum (``--reuse`` refills them).
 """
 
 
