@@ -10,7 +10,7 @@ import pytest
 from agentrl_jax import kernels as K
 
 ATOL = 1e-6
-AGGREGATIONS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean"]
+AGGREGATIONS = ["token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "episode_mean"]
 
 
 def random_rollout(seed, b=6, t=20):
@@ -44,6 +44,7 @@ def ref_aggregate(per_token, runs, mode):
         return sum(sum(x) for x in rows) / sum(len(x) for x in rows)
     if mode == "seq_mean_token_sum":
         return sum(sum(x) for x in rows) / len(rows)
+    # seq_mean_token_mean, and episode_mean with a 0/1 mask (every row weighs 1).
     return sum(sum(x) / len(x) for x in rows) / len(rows)
 
 

@@ -54,8 +54,8 @@ def test_every_shipped_study_validates_every_cell(path, tmp_path):
 def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
     """decoding's constrained cells, envrl's and algorithms' grpo cells are rl_learns' sft_rl
     cells, config for config, so --reuse copies them; reward plays other games (cooking), so none
-    of its cells is theirs."""
-    names = ("rl_learns", "reward", "decoding", "envrl", "algorithms")
+    of its cells is theirs; step_weights' rows cells are curriculum's medium cells."""
+    names = ("rl_learns", "reward", "decoding", "envrl", "algorithms", "curriculum", "step_weights")
     studies = {n: study_lib.load_study(os.path.join(REPO, "configs", "studies", f"{n}.py"))
                for n in names}  # fmt: skip
     for name, study in studies.items():
@@ -70,6 +70,8 @@ def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
     assert cell("decoding", "free") != cell("rl_learns", "sft_rl")
     assert cell("reward", "dense") != cell("rl_learns", "sft_rl")
     assert cell("reward", "sparse") != cell("reward", "dense")
+    assert cell("step_weights", "rows") == cell("curriculum", "medium")
+    assert cell("step_weights", "episodes") != cell("step_weights", "rows")
 
 
 @pytest.mark.parametrize(

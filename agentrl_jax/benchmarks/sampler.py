@@ -15,7 +15,9 @@ both generate exactly the requested number of tokens):
   prompt of N - 33 tokens, so the turn fills exactly N cache slots; decode time is
   t(33 tokens) - t(1 token) on each side, so prefill is not counted. ``decode_2048_over_64`` is
   each side's tokens/s at 2048 slots over its tokens/s at 64: how much a long context slows a
-  decode step (1.0: not at all).
+  decode step (1.0: not at all). ``decode_2048_over_64_read_bound`` is the most that ratio can be
+  here: our step at 64 slots plus the time a jitted sum takes to read the extra slots' keys and
+  values (4 layers, 32 rows: 268 MB in f32 at 2048 slots).
 - ``multi_turn_episodes_per_s``: 32 episodes of 8 turns, each 64 observation tokens then 16
   action tokens; ``long_episode_episodes_per_s``: shaped like ALFWorld, 32 episodes of 30
   turns of 48 + 12 tokens (1,800 tokens of context by the end). Ours keeps the cache and
@@ -214,6 +216,7 @@ def run(quick: bool) -> Report:
             extra={"target": 0.4},
         )
     )
+    report.add(_decode_ratio_bound(cfg, sizes.batch, min(decode), max(decode), short.ours))
 
     for name, turns, obs_len, action_len, target in (
         ("multi_turn_episodes_per_s", sizes.turns, sizes.obs_len, sizes.action_len, 3.0),
@@ -292,6 +295,40 @@ def _matmul_peak_gflops(n: int) -> float:
     matmul = jax.jit(lambda x, y: x @ y)
     seconds = timed(lambda: matmul(a, a).block_until_ready(), repeats=5, warmup=2)
     return 2 * n**3 / seconds / 1e9
+
+
+def _cache_read_seconds(cfg: ModelConfig, batch: int, slots: int) -> tuple[float, int]:
+    """Seconds a jitted sum takes to read the keys and values of every layer of a ``batch``-row
+    cache of ``slots`` slots, and their bytes: what a decode step at that length must read."""
+    shape = (batch, cfg.num_kv_heads, slots, cfg.head_dim)
+    arrays = [jnp.full(shape, i, cfg.dtype) for i in range(2 * cfg.num_layers)]
+    read = jax.jit(lambda xs: sum(x.sum() for x in xs))
+    seconds = timed(lambda: read(arrays).block_until_ready(), repeats=5, warmup=2)
+    return seconds, sum(x.nbytes for x in arrays)
+
+
+def _decode_ratio_bound(cfg: ModelConfig, batch: int, short: int, long: int, short_tps: float):
+    """The most ``decode_<long>_over_<short>`` can be on this machine: a step at ``long`` slots
+    costs at least the step at ``short`` slots plus reading the extra slots' keys and values at
+    the speed a plain sum reads memory here. (A step whose attention read the cache at that speed
+    and did nothing else extra would reach it.)"""
+    read_long, nbytes = _cache_read_seconds(cfg, batch, long)
+    read_short, _ = _cache_read_seconds(cfg, batch, short)
+    step_short = batch / short_tps  # one decode step: a token for every row
+    extra_read = max(read_long - read_short, 0.0)
+    return Row(
+        f"decode_{long}_over_{short}_read_bound",
+        step_short / (step_short + extra_read),
+        None,
+        "fraction",
+        extra={
+            "cache_mb": round(nbytes / 1e6, 1),
+            "read_ms": round(read_long * 1e3, 4),
+            "read_gb_per_s": round(nbytes / read_long / 1e9, 1),
+            "extra_read_ms": round(extra_read * 1e3, 4),
+            "step_ms_short": round(step_short * 1e3, 4),
+        },
+    )
 
 
 def _prefill_flops(cfg: ModelConfig, batch: int, prompt_len: int, *, last_only: bool) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean")
+AGGREGATIONS = ("token_mean", "seq_mean_token_sum", "seq_mean_token_mean", "episode_mean")
 RATIO_LEVELS = ("token", "action")
 
 
@@ -51,7 +51,8 @@ class LossConfig:
         None to disable.
       ratio_level: "token" (one ratio per token) or "action" (exp of the mean token log-ratio over
         the action's tokens, shared by them, as GAGPO uses).
-      aggregation: "token_mean", "seq_mean_token_sum" or "seq_mean_token_mean".
+      aggregation: "token_mean", "seq_mean_token_sum", "seq_mean_token_mean" or "episode_mean"
+        (see :func:`weighted.aggregate`).
       value_clip: clip range of the value prediction around the old value (None: unclipped).
       kl_estimator: "k1", "k2" or "k3" (low-variance).
       kl_clamp: clamp of the per-token KL estimate (None: no clamp).

@@ -41,11 +41,15 @@ def aggregate(loss_bt: jax.Array, mask_bt: jax.Array, mode: str) -> Weighted:
     - ``seq_mean_token_sum``: sum_b (sum_t mask * loss) / #rows (longer answers weigh more).
     - ``seq_mean_token_mean``: sum_b (sum_t mask * loss / n_b) / #rows (every row weighs
       the same).
+    - ``episode_mean``: sum_b w_b m_b / sum_b w_b, with m_b row b's (mask-weighted) token mean
+      and w_b its weight, the largest value of its mask: every episode weighs the same when
+      each of its rows carries 1 / its number of rows (the trainer's step-wise rows; a
+      whole-episode row carries 1). With a 0/1 mask it is ``seq_mean_token_mean``.
 
     Args:
       loss_bt: [B, T] per-token loss.
-      mask_bt: [B, T] 0/1 (or weights).
-      mode: one of the three above.
+      mask_bt: [B, T] 0/1 (or weights; ``episode_mean`` reads a row's weight from it).
+      mode: one of the four above.
 
     Returns:
       The weighted scalar.
@@ -58,6 +62,9 @@ def aggregate(loss_bt: jax.Array, mask_bt: jax.Array, mode: str) -> Weighted:
         return Weighted(jnp.sum(per_row), jnp.sum(mask))
     count = jnp.sum(mask, axis=1)
     rows = jnp.sum((count > 0).astype(loss_bt.dtype))
+    if mode == "episode_mean":
+        weight = jnp.max(mask, axis=1)  # 0 for empty rows
+        return Weighted(jnp.sum(weight * per_row / jnp.maximum(count, 1e-12)), jnp.sum(weight))
     if mode == "seq_mean_token_mean":
         per_row = per_row / jnp.maximum(count, 1e-12)
     return Weighted(jnp.sum(per_row), rows)

@@ -237,7 +237,7 @@ class RLSection:
     clip_high: float = 0.2
     dual_clip: float | None = None
     ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
-    aggregation: str = "token_mean"
+    aggregation: str = "token_mean"  # "episode_mean": every episode weighs alike, step rows too
     value_clip: float | None = 0.2  # None: unclipped value loss
     kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3"
     # The frozen KL reference's parameters: "float32" (a copy of the policy as RL starts) or

@@ -74,6 +74,20 @@ def build_rows(
     return RLRows(rows, arrays, step_of_row)
 
 
+def episode_row_weights(traj_index: np.ndarray) -> np.ndarray:
+    """[R] float32: 1 / the number of rows of each row's trajectory (0 on padding rows).
+
+    The row weights of ``aggregation="episode_mean"``: a trajectory's rows then weigh 1 together,
+    whether it is one whole-episode row or one row per step, so a 10-step failure counts as much
+    as a 3-step win rather than 10 / 3 times as much.
+    """
+    real = traj_index >= 0
+    counts = np.bincount(traj_index[real]) if real.any() else np.zeros(0, np.int64)
+    weights = np.zeros(traj_index.shape, np.float32)
+    weights[real] = 1.0 / counts[traj_index[real]]
+    return weights
+
+
 def _pad_rows(rows: TokenRows, num_rows: int, pad_id: int) -> TokenRows:
     extra = num_rows - rows.tokens.shape[0]
     if extra <= 0:

@@ -81,10 +81,13 @@ class RLUpdate:
             bootstrap=critic,  # truncated episodes' rows also hold the state after them
         )
         rows = rows_.rows
+        loss_mask = rows.loss_mask
+        if rl.aggregation == "episode_mean":  # each row's weight rides in its loss mask
+            loss_mask = loss_mask * rl_batch.episode_row_weights(rows.traj_index)[:, None]
         host = {
             "tokens": rows.tokens,
             "mask": rows.mask,
-            "loss_mask": rows.loss_mask,
+            "loss_mask": loss_mask,
             "step_ids": rows.step_ids,
         }
         if rows.allowed.shape[2]:  # constrained decoding: normalise over the allowed ids
