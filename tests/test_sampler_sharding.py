@@ -46,3 +46,31 @@ def test_sharded_turns_equal_single_device():
             np.asarray(got.policy_logprobs), np.asarray(ref.policy_logprobs), rtol=0, atol=1e-5
         )
         np.testing.assert_array_equal(got_lengths, ref_lengths)
+
+
+def test_start_compiles_its_cache_once_per_shape():
+    """A new episode's cache is made by one program per (batch, size), created sharded in place
+    and compiled once: the rollout starts a cache for every wave."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
+    mesh = sharding.make_mesh((2, 2, 2))
+    model = random_model(Qwen2ForCausalLM, SMALL, seed=4, mesh=mesh)
+    compiles = []
+
+    def listen(event, seconds, **kwargs):
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for mesh_arg in (mesh, None):
+            sampler = Sampler(model, sampling=GREEDY, mesh=mesh_arg, **BUCKETS)
+            first = sampler.start(4, 64)
+            before = len(compiles)
+            again = [sampler.start(4, 64) for _ in range(3)]
+            assert len(compiles) == before, "start compiled again for the same shape"
+            for cache in again:
+                assert cache.keys[0].sharding == first.keys[0].sharding
+                assert not np.asarray(cache.lengths).any()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)

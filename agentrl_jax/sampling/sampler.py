@@ -177,14 +177,18 @@ class Sampler:
             raise ValueError(f"batch={batch}: expected >= 1")
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
         slots = min(self.cache_buckets[0], size)
-        create = functools.partial(
-            KVCache.create, self.cfg, batch, size, slots=slots, platform=self.platform
-        )
-        if self.mesh is None:
-            return create()
-        # Created in place, each device holding only its shard.
-        shardings = sharding.kv_cache_shardings(jax.eval_shape(create), self.mesh)
-        return jax.jit(create, out_shardings=shardings)()
+        key = ("start", batch, size, slots)
+        if key not in self._jitted:
+            create = functools.partial(
+                KVCache.create, self.cfg, batch, size, slots=slots, platform=self.platform
+            )
+            # One program makes every layer's arrays; on a mesh, in place, each device holding
+            # only its shard.
+            shardings = None
+            if self.mesh is not None:
+                shardings = sharding.kv_cache_shardings(jax.eval_shape(create), self.mesh)
+            self._jitted[key] = jax.jit(create, out_shardings=shardings)
+        return self._jitted[key]()
 
     def abstract_cache(self, batch: int, cache_size: int) -> KVCache:
         """A cache ``start`` makes, as ``jax.ShapeDtypeStruct`` (with shardings on a mesh), with
