@@ -177,7 +177,7 @@ class Sampler:
             raise ValueError(f"batch={batch}: expected >= 1")
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
         slots = min(self.cache_buckets[0], size)
-        key = ("start", batch, size, slots)
+        key = ("start", batch, size)  # slots follow from size
         if key not in self._jitted:
             create = functools.partial(
                 KVCache.create, self.cfg, batch, size, slots=slots, platform=self.platform
