@@ -7,6 +7,9 @@ r"""Benchmarks, measured side by side against a reference in the same run.
     python -m launch.bench swe --out bench_swe.json
     python -m launch.bench sft_data --out bench_sft_data.json
     python -m launch.bench device --out device.json   # on an accelerator (Qwen2.5 shapes, MFU)
+    python -m launch.bench iteration --out iteration.json  # whole RL iterations, phase by phase
+    python -m launch.bench iteration --model=qwen2.5-0.5b --out iteration.json  # accelerator
+    python -m launch.bench parity --out parity.json   # bf16 logits vs transformers, vs f32
 
 Each prints a table and writes JSON with, per workload, ``ours``, ``reference``, ``ratio`` and
 ``unit``. ``--quick`` shrinks every workload (used by the tests to check the plumbing).
@@ -16,17 +19,41 @@ import importlib
 
 from absl import app, flags
 
-BENCHMARKS = ("sampler", "learner", "advantages", "envs", "swe", "sft_data", "device")
+from agentrl_jax import compile_cache
+
+BENCHMARKS = (
+    "sampler",
+    "learner",
+    "advantages",
+    "envs",
+    "swe",
+    "sft_data",
+    "device",
+    "iteration",
+    "parity",
+)
 
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON report.")
 _QUICK = flags.DEFINE_bool("quick", False, "Shrink every workload (plumbing check only).")
+_MODEL = flags.DEFINE_string(
+    "model", None, "iteration, device: the model preset (random weights), e.g. qwen2.5-1.5b."
+)
+_COMPILE_CACHE = flags.DEFINE_string(
+    "compile_cache", "", "JAX's persistent compilation cache: a folder, '' (default) or 'off'."
+)
 
 
 def main(argv):
     if len(argv) != 2 or argv[1] not in BENCHMARKS:
         raise app.UsageError(f"usage: python -m launch.bench {{{'|'.join(BENCHMARKS)}}} --out FILE")
+    compile_cache.enable(_COMPILE_CACHE.value)
     module = importlib.import_module(f"agentrl_jax.benchmarks.{argv[1]}")
-    report = module.run(quick=_QUICK.value)
+    options = {}
+    if _MODEL.value:
+        if argv[1] not in ("iteration", "device"):
+            raise app.UsageError("--model is an option of the iteration and device benchmarks")
+        options["model"] = _MODEL.value
+    report = module.run(quick=_QUICK.value, **options)
     print(report.table())
     if _OUT.value:
         report.write(_OUT.value)

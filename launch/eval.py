@@ -27,6 +27,7 @@ import jax
 import ml_collections
 from absl import app, flags
 
+from agentrl_jax import compile_cache
 from agentrl_jax.training import cli, logs
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.config import ConfigError, from_config_dict
@@ -88,6 +89,7 @@ def main(argv):
         config = from_config_dict(cd, num_devices=jax.device_count())
     except ConfigError as e:
         cli.fail(f"config error: {e}")
+    compile_cache.enable(config.compile_cache)  # before anything compiles
 
     from agentrl_jax.training.trainer import Trainer
 

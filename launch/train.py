@@ -45,6 +45,7 @@ from absl import app, flags, logging
 from etils import epath
 from ml_collections import config_flags
 
+from agentrl_jax import compile_cache
 from agentrl_jax.sharding import maybe_initialize_distributed
 from agentrl_jax.training import cli, logs, paths, workdir_config
 from agentrl_jax.training import evaluate as evaluation
@@ -97,6 +98,7 @@ def main(argv):
         config = from_config_dict(_CONFIG.value, num_devices=jax.device_count())
     except ConfigError as e:
         cli.fail(f"config error: {e}")
+    compile_cache.enable(config.compile_cache)  # before anything compiles
     cli.usable_workdir(_WORKDIR.value)
     log_file = logs.to_workdir(_WORKDIR.value, "train", jax.process_index())
     logging.info("logs: %s (--alsologtostderr shows library logs here too)", log_file)

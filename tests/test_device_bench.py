@@ -48,3 +48,28 @@ def test_quick_run_measures_both_workloads_with_their_mfu():
     assert sampler.extra["mfu"] > 0 and update.extra["mfu"] > 0
     assert update.extra["updates"] > 0 and update.extra["episodes"] == 4
     assert report.facts["peak_from"] == "measured bf16 matmul"
+
+
+def test_sampler_roofline_by_hand():
+    cfg = preset("tiny").replace(num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4)
+    trunk, head = bench.matmul_params(cfg)
+    sizes = bench.DeviceSizes(batch=1, turns=1, obs_len=1, action_len=2)
+    # Prefill of 1 token (1 key) and the head on it, at 1 TFLOP/s; then one decode step (the
+    # second action token, 2 keys): weights in bf16 plus 2 tokens of bf16 keys and values, at
+    # 1 TB/s, or its FLOPs where those take longer (here they do not: 1 row).
+    prefill = (2 * trunk + 4 * 2 * 4 * 1 + 2 * head) / 1e12
+    decode_bytes = 2 * (trunk + head) + 2 * 2 * (1 * 4) * 2  # bf16 x (k, v) x kv x hd x keys
+    decode_flops = 2 * (trunk + head) + 4 * 2 * 4 * 2
+    expected = prefill + max(decode_bytes, decode_flops) / 1e12
+    assert bench.sampler_roofline_s(cfg, sizes, 1.0, 1.0) == pytest.approx(expected)
+    # A chip with a thousand times the FLOP/s is bound by the bytes alone in the decode step.
+    fast = bench.sampler_roofline_s(cfg, sizes, 1000.0, 1.0)
+    assert fast == pytest.approx(prefill / 1000 + decode_bytes / 1e12)
+
+
+def test_hbm_bandwidth_comes_from_the_device_kind():
+    class Chip:
+        device_kind = "NVIDIA H200"
+
+    assert bench.chip_hbm_tbps(Chip()) == 4.8
+    assert bench.chip_hbm_tbps(jax.devices("cpu")[0]) is None

@@ -216,6 +216,10 @@ def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
         "time/rollout_s",
         "time/update_s",
         "perf/rollout_tokens_per_s",
+        "perf/device_busy_fraction",  # where the iteration's time went (agentrl_jax/timing.py)
+        "time/phase/env_s",
+        "time/phase/sample_s",
+        "time/phase/update_s",
         "rollout/success_rate",
         "rollout/episode_length",
         "eval/simple/success_rate",

@@ -18,6 +18,11 @@ weights; ``--quick``: the 1-layer tiny preset, the plumbing check the tests run 
   full remat. Tokens/s counts the episodes' real tokens once per epoch. No reference: the CPU
   learner benchmark (``launch.bench learner``) measures the path against one device program.
 
+The sampler row also carries ``roofline_fraction``: the workload's lower bound from the chip's
+limits (``sampler_roofline_s``: prefill FLOPs at the dense peak, each decode step's weights and
+keys/values read at the memory bandwidth of ``HBM_TBPS``, or its FLOPs where they take longer)
+over our seconds.
+
 Each row carries ``mfu``: model FLOPs per second over the chip's peak dense bfloat16 FLOP/s
 (``PEAK_BF16_TFLOPS``, from the vendors' data sheets; a chip not in the table, or ``--quick``,
 uses ``matmul_peak_tflops``, a measured bf16 matmul). Model FLOPs are the matmuls' 2 x
@@ -92,6 +97,60 @@ QUICK = DeviceSizes(
 )
 
 
+# Peak HBM bandwidth per chip in TB/s, from the same data sheets (the sampler's roofline).
+HBM_TBPS = {
+    "NVIDIA H200": 4.8,
+    "NVIDIA H100": 3.35,  # SXM
+    "NVIDIA A100": 2.039,  # 80 GB SXM
+    "NVIDIA L4": 0.3,
+    "NVIDIA A10G": 0.6,
+    "TPU v6 lite": 1.64,
+    "TPU v5 lite": 0.819,
+    "TPU v5p": 2.765,
+    "TPU v5": 2.765,
+    "TPU v4": 1.2,
+}
+
+
+def chip_hbm_tbps(device: jax.Device) -> float | None:
+    """The chip's data-sheet memory bandwidth in TB/s, or None for a chip not in the table."""
+    kind = getattr(device, "device_kind", "")
+    return next((tbps for name, tbps in HBM_TBPS.items() if kind.startswith(name)), None)
+
+
+def read_tbps(nbytes: int = 1 << 28) -> float:
+    """A jitted sum's read of ``nbytes`` of bf16, in TB/s: the memory's practical bandwidth."""
+    x = jnp.ones((nbytes // 2,), jnp.bfloat16)
+    total = jax.jit(lambda a: jnp.sum(a, dtype=jnp.float32))
+    seconds = timed(lambda: total(x).block_until_ready(), repeats=5, warmup=2)
+    return nbytes / seconds / 1e12
+
+
+def sampler_roofline_s(cfg: ModelConfig, sizes: DeviceSizes, peak_tflops: float, tbps: float):
+    """The multi-turn workload's lower bound in seconds, from the chip's limits.
+
+    Each turn prefills its observation at the dense peak (its FLOPs as in ``sampler_flops``);
+    each decode step takes the longer of its FLOPs at the peak and its bytes at the memory's
+    bandwidth: every matmul weight (bf16) once, and each row's keys and values so far.
+    """
+    trunk, head = matmul_params(cfg)
+    weight_bytes = 2 * (trunk + head)
+    kv_bytes_per_token = 2 * cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim  # k, v bf16
+    per_turn = sizes.obs_len + sizes.action_len
+    flop_s, byte_s = peak_tflops * 1e12, tbps * 1e12
+    total = 0.0
+    for turn in range(sizes.turns):
+        start = turn * per_turn
+        prefill = sum(2 * trunk + attention_flops(cfg, start + i + 1) for i in range(sizes.obs_len))
+        total += (prefill + 2 * head) * sizes.batch / flop_s
+        for step in range(1, sizes.action_len):
+            keys = start + sizes.obs_len + step
+            flops = (2 * (trunk + head) + attention_flops(cfg, keys)) * sizes.batch
+            nbytes = weight_bytes + kv_bytes_per_token * keys * sizes.batch
+            total += max(flops / flop_s, nbytes / byte_s)
+    return total
+
+
 def chip_peak_tflops(device: jax.Device) -> float | None:
     """The chip's data-sheet peak dense bf16 TFLOP/s, or None for a chip not in the table."""
     kind = getattr(device, "device_kind", "")
@@ -161,7 +220,9 @@ def _torch_device() -> str | None:
     return "cuda" if torch.cuda.is_available() else None
 
 
-def _sampler_row(name: str, cfg: ModelConfig, sizes: DeviceSizes, peak: float, ref_device):
+def _sampler_row(
+    name: str, cfg: ModelConfig, sizes: DeviceSizes, peak: float, tbps: float, ref_device
+):
     policy = random_policy(cfg, std=0.02)
     sampler = Sampler(policy, sampling=SamplingParams(temperature=1.0))
     reference = None
@@ -192,6 +253,9 @@ def _sampler_row(name: str, cfg: ModelConfig, sizes: DeviceSizes, peak: float, r
         "obs_len": sizes.obs_len,
         "action_len": sizes.action_len,
         "compilations": sampler.num_traces,
+        "roofline_s": (roofline := sampler_roofline_s(cfg, sizes, peak, tbps)),
+        "roofline_fraction": roofline / ours.median,  # of the chip's limit reached
+        "hbm_tbps": tbps,
     }
     if ref is not None:
         extra.update(
@@ -266,14 +330,19 @@ def _update_row(name: str, sizes: DeviceSizes, peak: float) -> Row:
     )
 
 
-def run(quick: bool) -> Report:
+def run(quick: bool, model: str | None = None) -> Report:
+    """``model``: one preset (``--model=qwen2.5-1.5b``) instead of both."""
     sizes = QUICK if quick else DeviceSizes()
+    if model:
+        sizes = dataclasses.replace(sizes, presets=(model,))
     device = jax.devices()[0]
     report = Report("device")
     measured = matmul_peak_tflops(sizes.matmul_n)
     report.add(Row("matmul_peak_tflops", measured, None, "TFLOP/s", extra={"n": sizes.matmul_n}))
     sheet = None if quick else chip_peak_tflops(device)
     peak = sheet or measured
+    hbm_sheet = None if quick else chip_hbm_tbps(device)
+    tbps = hbm_sheet or read_tbps(1 << 24 if quick else 1 << 30)
     ref_device = _torch_device()
     if quick and ref_device is None:
         ref_device = "cpu"  # the plumbing check runs the reference on the CPU
@@ -281,7 +350,7 @@ def run(quick: bool) -> Report:
         cfg = preset(name, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
         if quick:
             cfg = cfg.replace(num_layers=1)
-        report.add(_sampler_row(name, cfg, sizes, peak, ref_device))
+        report.add(_sampler_row(name, cfg, sizes, peak, tbps, ref_device))
         report.add(_update_row(name, sizes, peak))
     report.facts.update(
         backend=jax.default_backend(),
@@ -290,6 +359,8 @@ def run(quick: bool) -> Report:
         jax_version=jax.__version__,
         peak_tflops=peak,
         peak_from="data sheet" if sheet else "measured bf16 matmul",
+        hbm_tbps=tbps,
+        hbm_from="data sheet" if hbm_sheet else "measured jitted sum",
         reference_device=ref_device or "none (PyTorch sees no GPU)",
         peak_rss_mb=round(peak_rss_mb(), 1),
         load_average=os.getloadavg(),

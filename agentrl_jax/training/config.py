@@ -365,6 +365,10 @@ class RunConfig:
     # Modules imported before validation: they register estimators, losses or envs by name
     # (docs/custom_losses.md), e.g. --config.plugins="('my_losses',)".
     plugins: tuple[str, ...] = ()
+    # JAX's persistent compilation cache (agentrl_jax/compile_cache.py): a folder, "" for
+    # $AGENTRL_CACHE/jax (default ~/.cache/agentrl_jax/jax), or "off". A resumed or repeated run
+    # loads the programs an earlier process compiled instead of compiling them again.
+    compile_cache: str = ""
 
     def __post_init__(self):
         """The checks across sections (each section checked its own fields)."""

@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl_jax import kernels
+from agentrl_jax import kernels, timing
 from agentrl_jax.training import chaos, envrl_data, multihost, rl_batch
 from agentrl_jax.training.config import RunConfig
 from agentrl_jax.training.learner import Learner, TrainState
@@ -73,52 +73,63 @@ class RLUpdate:
         """
         cfg, rl = self.config, self.config.rl
         critic = self.learner.value_graphdef is not None
-        rows_ = rl_batch.build_rows(
-            trajs,
-            cfg.rollout.context_mode,
-            self.pad_id,
-            rl.minibatch_size,
-            bootstrap=critic,  # truncated episodes' rows also hold the state after them
-        )
-        rows = rows_.rows
-        loss_mask = rows.loss_mask
-        if rl.aggregation == "episode_mean":  # each row's weight rides in its loss mask
-            loss_mask = loss_mask * rl_batch.episode_row_weights(rows.traj_index)[:, None]
-        host = {
-            "tokens": rows.tokens,
-            "mask": rows.mask,
-            "loss_mask": loss_mask,
-            "step_ids": rows.step_ids,
-        }
-        if rows.allowed.shape[2]:  # constrained decoding: normalise over the allowed ids
-            host["allowed"] = rows.allowed
-        batch = self.learner.place_batch(host)
-        scored = self.learner.score(
-            state.policy,
-            ref_policy if rl.kl_coef > 0 else None,
-            state.value,
-            batch,
-            rows_per_chunk=score_rows(cfg),
-        )
+        with timing.phase("batch"):
+            rows_ = rl_batch.build_rows(
+                trajs,
+                cfg.rollout.context_mode,
+                self.pad_id,
+                rl.minibatch_size,
+                bootstrap=critic,  # truncated episodes' rows also hold the state after them
+            )
+            rows = rows_.rows
+            loss_mask = rows.loss_mask
+            if rl.aggregation == "episode_mean":  # each row's weight rides in its loss mask
+                loss_mask = loss_mask * rl_batch.episode_row_weights(rows.traj_index)[:, None]
+            host = {
+                "tokens": rows.tokens,
+                "mask": rows.mask,
+                "loss_mask": loss_mask,
+                "step_ids": rows.step_ids,
+            }
+            if rows.allowed.shape[2]:  # constrained decoding: normalise over the allowed ids
+                host["allowed"] = rows.allowed
+        with timing.phase("transfer"):
+            batch = self.learner.place_batch(host)
+        with timing.phase("score"):
+            scored = self.learner.score(
+                state.policy,
+                ref_policy if rl.kl_coef > 0 else None,
+                state.value,
+                batch,
+                rows_per_chunk=score_rows(cfg),
+            )
+            jax.block_until_ready(scored)  # read next: ``score`` times the program
         batch.update(scored)
-        scored = {k: multihost.host_array(v) for k, v in scored.items()}
+        with timing.phase("transfer"):
+            scored = {k: multihost.host_array(v) for k, v in scored.items()}
         old, ref, values = (scored.get(k) for k in ("old_logprobs", "ref_logprobs", "old_values"))
-        on = rows.loss_mask > 0
-        metrics = {"rollout/logprob_mismatch": float(np.abs(old - rows.old_logprobs)[on].max())}
-        kl = None
-        if rl.kl_mode == "reward" and ref is not None:
-            kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask, clamp=rl.kl_clamp))
-        adv, returns = rl_batch.advantages(
-            rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
-        )
-        targets = {"advantages": adv}
-        if values is not None:
-            targets["returns"] = returns if returns is not None else adv + values
-        batch.update(self.learner.place_batch(targets))
-        metrics["rollout/advantage_abs_mean"] = float(np.abs(adv)[on].mean()) if on.any() else 0.0
+        with timing.phase("advantages"):
+            on = rows.loss_mask > 0
+            mismatch = float(np.abs(old - rows.old_logprobs)[on].max())
+            metrics = {"rollout/logprob_mismatch": mismatch}
+            kl = None
+            if rl.kl_mode == "reward" and ref is not None:
+                kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask, clamp=rl.kl_clamp))
+            adv, returns = rl_batch.advantages(
+                rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
+            )
+            targets = {"advantages": adv}
+            if values is not None:
+                targets["returns"] = returns if returns is not None else adv + values
+            metrics["rollout/advantage_abs_mean"] = (
+                float(np.abs(adv)[on].mean()) if on.any() else 0.0
+            )
+        with timing.phase("transfer"):
+            batch.update(self.learner.place_batch(targets))
         aux = {}
         if self.learner.envrl is not None:
-            aux = self.envrl_examples(trajs, max_len=rows.tokens.shape[1])
+            with timing.phase("batch"):
+                aux = self.envrl_examples(trajs, max_len=rows.tokens.shape[1])
         return batch, aux, metrics
 
     def update(
@@ -143,26 +154,28 @@ class RLUpdate:
         envrl = self.learner.envrl is not None
         first = int(state.step) if envrl else 0  # RL updates so far (ENVRL's schedule)
         plan, per_update = [], []
-        for _ in range(rl.epochs):
-            order = np_rng.permutation(num_rows)
-            for i in range(0, num_rows - size + 1, size):
-                if envrl:
-                    step = envrl_data.schedule_step(
-                        self.config.envrl.horizon, iteration, first, len(plan), num_updates
-                    )
-                    per_update.append(aux_minibatch(aux, np_rng, size, step))
-                plan.append(order[i : i + size])
+        with timing.phase("batch"):
+            for _ in range(rl.epochs):
+                order = np_rng.permutation(num_rows)
+                for i in range(0, num_rows - size + 1, size):
+                    if envrl:
+                        step = envrl_data.schedule_step(
+                            self.config.envrl.horizon, iteration, first, len(plan), num_updates
+                        )
+                        per_update.append(aux_minibatch(aux, np_rng, size, step))
+                    plan.append(order[i : i + size])
         if not plan:
             return state, {"train/skipped_nonfinite": 0.0, "train/updates": 0.0}
-        stacked = jax.tree.map(lambda *xs: np.stack(xs), *per_update) if per_update else {}
-        state, metrics = self.learner.rl_update(
-            state,
-            batch,
-            self.learner.place_replicated(np.stack(plan).astype(np.int32)),
-            self.learner.place_replicated(stacked),
-        )
-        chaos.maybe_kill("update")  # dispatched; its state and metrics not yet back
-        metrics = jax.device_get(metrics)
+        with timing.phase("transfer"):
+            stacked = jax.tree.map(lambda *xs: np.stack(xs), *per_update) if per_update else {}
+            order = self.learner.place_replicated(np.stack(plan).astype(np.int32))
+            stacked = self.learner.place_replicated(stacked)
+        with timing.phase("update"):
+            state, metrics = self.learner.rl_update(state, batch, order, stacked)
+            chaos.maybe_kill("update")  # dispatched; its state and metrics not yet back
+            jax.block_until_ready(metrics)
+        with timing.phase("transfer"):
+            metrics = jax.device_get(metrics)
         out = {k: float(np.mean(v)) for k, v in metrics.items()}
         out["train/skipped_nonfinite"] = float(np.sum(metrics["train/skipped_nonfinite"]))
         out["train/updates"] = float(len(plan))

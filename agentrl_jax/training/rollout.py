@@ -39,6 +39,7 @@ from typing import Protocol
 import jax
 import numpy as np
 
+from agentrl_jax import timing
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.sampling import SamplingParams
@@ -358,7 +359,9 @@ def play_wave(pool, episodes: list[Episode], max_turns: int, actor: Actor) -> li
     """Plays one wave (episodes that fit the actor pool at once) for ``actor``: every reset,
     then up to ``max_turns`` batched steps, until no episode is live or the actor has no
     command for any. Lost episodes are marked ``failed`` and never reach the actor again."""
-    for ep, res in zip(episodes, pool.reset([ep.task for ep in episodes]), strict=True):
+    with timing.phase("env"):
+        resets = pool.reset([ep.task for ep in episodes])
+    for ep, res in zip(episodes, resets, strict=True):
         if res.infra_failure:
             ep.failed, ep.live = True, False
             continue
@@ -370,7 +373,9 @@ def play_wave(pool, episodes: list[Episode], max_turns: int, actor: Actor) -> li
         actions = actor.act(turn, episodes)
         if all(a is None for a in actions):
             break
-        for ep, res in zip(episodes, pool.step(actions), strict=True):
+        with timing.phase("env"):
+            results = pool.step(actions)
+        for ep, res in zip(episodes, results, strict=True):
             if res is None:
                 continue
             if res.infra_failure:
@@ -434,28 +439,33 @@ class _WaveActor:
             ]
             logprobs = np.zeros((len(episodes), max(map(len, actions_ids)) + 1), np.float32)
         else:
-            if cfg.context_mode == "step" or self.cache is None:
-                self.cache = w.sampler.start(self.size, cfg.max_seq_len)
             kwargs = {}
             if cfg.constrain_actions:
                 kwargs["choices"] = [ep.choices if f else None for ep, f in zip(episodes, feed)]
-            out = w.sampler.step_turn(
-                self.cache,
-                feed,
-                cfg.max_new_tokens,
-                fold_in(self.keys, turn),  # one key per episode
-                sampling=self.sampling,
-                **kwargs,
-            )
+            with timing.phase("sample"):
+                if cfg.context_mode == "step" or self.cache is None:
+                    self.cache = w.sampler.start(self.size, cfg.max_seq_len)
+                out = w.sampler.step_turn(
+                    self.cache,
+                    feed,
+                    cfg.max_new_tokens,
+                    fold_in(self.keys, turn),  # one key per episode
+                    sampling=self.sampling,
+                    **kwargs,
+                )
+                # The turn's program done (its ids are read next anyway), so that ``sample``
+                # times the program and ``transfer`` the copies.
+                jax.block_until_ready(out.tokens)
             self.cache = out.cache if cfg.context_mode == "episode" else None
-            actions_ids = out.token_lists()
-            allowed = out.allowed_lists() if cfg.constrain_actions else None
             # Log-probs under the distribution sampled from (the learner's logits / T);
             # greedy turns (never trained on) keep the raw policy's.
             # (With top-k / top-p they are of the filtered distribution: the mismatch shows
             # in the trainer's rollout/logprob_mismatch metric.)
             greedy = (self.sampling or w.sampler.sampling).greedy
-            logprobs = np.asarray(out.policy_logprobs if greedy else out.logprobs)
+            with timing.phase("transfer"):
+                actions_ids = out.token_lists()
+                allowed = out.allowed_lists() if cfg.constrain_actions else None
+                logprobs = np.asarray(out.policy_logprobs if greedy else out.logprobs)
         actions: list[str | None] = []
         for i, ep in enumerate(episodes):
             if not feed[i]:

@@ -36,7 +36,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax import kernels, sharding
+from agentrl_jax import kernels, sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
@@ -136,6 +136,17 @@ class _ExpertTexts:
 
     def observe(self, ep: Episode, result) -> None:
         pass
+
+
+def expert_texts(pool: ActorPool, tasks: list[Task], rollout) -> list[str]:
+    """The tokenizer's corpus: the system prompt, then the observations (as the agent reads
+    them, with the admissible commands) and commands of the expert's episodes on ``tasks``."""
+    texts = [rollout.system_prompt]
+    actor = _ExpertTexts(texts)
+    for start in range(0, len(tasks), pool.capacity):
+        batch = tasks[start : start + pool.capacity]
+        play_wave(pool, [Episode(task=t) for t in batch], rollout.max_turns, actor)
+    return texts
 
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
@@ -360,6 +371,8 @@ class Trainer:
         self.ref_policy = None
         self.meta: dict[str, Any] = {"phase": "sft", "rl_iteration": 0, "evals": {}}
         self.watchdog = Watchdog(cfg.watchdog_s)
+        # Where each RL iteration's wall time went, this process's iterations in order.
+        self.profiles: list[timing.IterationProfile] = []
 
     # ------------------------------------------------------------------ setup
 
@@ -445,14 +458,7 @@ class Trainer:
     def _expert_texts(self) -> list[str]:
         """Observation and command text of expert episodes on the train tasks."""
         tasks = [t for level in self.train_tasks.values() for t in level]
-        texts = [self.config.rollout.system_prompt]
-        actor = _ExpertTexts(texts)
-        for start in range(0, len(tasks), self.pool.capacity):
-            batch = tasks[start : start + self.pool.capacity]
-            play_wave(
-                self.pool, [Episode(task=t) for t in batch], self.config.rollout.max_turns, actor
-            )
-        return texts
+        return expert_texts(self.pool, tasks, self.config.rollout)
 
     def _policy(self) -> Qwen2ForCausalLM:
         cfg = self.config.model
@@ -686,29 +692,45 @@ class Trainer:
             disable=not multihost.is_primary(),
         )
         for it in bar:
-            with self.watchdog.guard(f"RL iteration {it + 1}"):
-                metrics = self.rl_iteration(it)
-            self.meta["rl_iteration"] = it + 1
-            last = it + 1 == total
-            if last or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
-                metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}", report=last))
-            if last:
-                self.meta["phase"] = "done"
+            clock = timing.PhaseClock()
+            t0 = time.perf_counter()
+            with clock.running():
+                self._rl_loop_body(it, total, clock, t0)
+            self.profiles.append(
+                timing.IterationProfile.of(it + 1, time.perf_counter() - t0, clock)
+            )
+        if total == start:
+            self.meta["phase"] = "done"
+
+    def _rl_loop_body(self, it: int, total: int, clock: timing.PhaseClock, t0: float) -> None:
+        """Iteration ``it``: the rollout and update, evaluation when due, logs, checkpoint."""
+        cfg = self.config
+        with self.watchdog.guard(f"RL iteration {it + 1}"):
+            metrics = self.rl_iteration(it)
+        self.meta["rl_iteration"] = it + 1
+        last = it + 1 == total
+        if last or (cfg.eval_every and (it + 1) % cfg.eval_every == 0):
+            metrics.update(self.evaluate("after_rl" if last else f"rl_{it + 1}", report=last))
+        if last:
+            self.meta["phase"] = "done"
+        with timing.phase("log"):
+            # The phases so far (the checkpoint comes after the write): Trainer.profiles has them
+            # all.
+            metrics.update(timing.phase_metrics(clock, time.perf_counter() - t0))
             logging.info("%s", iteration_summary(it + 1, total, metrics))
             self.writer.scalars(metrics, it + 1)
             self.writer.flush()
-            if metrics.get("train/skipped_nonfinite", 0.0) > 0:
-                logging.warning(
-                    "iteration %d: %d update(s) skipped on a non-finite loss or gradient; "
-                    "not checkpointing this iteration",
-                    it + 1,
-                    int(metrics["train/skipped_nonfinite"]),
-                )
-                continue
-            if last or (it + 1) % cfg.checkpoint.every == 0:
+        if metrics.get("train/skipped_nonfinite", 0.0) > 0:
+            logging.warning(
+                "iteration %d: %d update(s) skipped on a non-finite loss or gradient; "
+                "not checkpointing this iteration",
+                it + 1,
+                int(metrics["train/skipped_nonfinite"]),
+            )
+            return
+        if last or (it + 1) % cfg.checkpoint.every == 0:
+            with timing.phase("checkpoint"):
                 self.save(metrics)
-        if total == start:
-            self.meta["phase"] = "done"
 
     def rl_iteration(self, it: int) -> dict[str, float]:
         """One iteration: pick tasks, roll out, assign credit, update. Returns its metrics."""
@@ -721,8 +743,10 @@ class Trainer:
         t0 = time.perf_counter()
         self._sync_sampler()
         sampling = rl_sampling(cfg)
-        trajs = self.worker.run(tasks, rng, sampling=sampling)
-        self.sampler.release()  # its own copy of the policy is not held through the update
+        with timing.phase("text"):  # its own seconds: rendering, encoding, contexts, decoding
+            trajs = self.worker.run(tasks, rng, sampling=sampling)
+        with timing.phase("sync"):
+            self.sampler.release()  # its own copy of the policy is not held through the update
         t_rollout = time.perf_counter() - t0
 
         good = [t for t in trajs if not t.infra_failure and t.steps]
@@ -740,7 +764,8 @@ class Trainer:
         t1 = time.perf_counter()
         self.state, update_metrics = self.rl_update(self.state, self.ref_policy, good, np_rng, it)
         t_update = time.perf_counter() - t1
-        self.curriculum.update([t.won for t in good])
+        with timing.phase("log"):
+            self.curriculum.update([t.won for t in good])
         metrics.update(update_metrics)
         tokens = sum(t.num_tokens for t in good)
         metrics.update(
@@ -757,7 +782,8 @@ class Trainer:
     def _sync_sampler(self) -> None:
         """Gives the sampler the current policy (``sync_sampler``)."""
         policy = (self.state if self.sft_state is None else self.sft_state).policy
-        sync_sampler(self.sampler, policy, self.policy.cfg.dtype, self.local_mesh)
+        with timing.phase("sync"):
+            sync_sampler(self.sampler, policy, self.policy.cfg.dtype, self.local_mesh)
 
     def evaluate(self, name: str, *, report: bool = False) -> dict[str, float]:
         """Greedy episodes on every held-out level: reports under workdir/eval, metrics back.
@@ -767,7 +793,7 @@ class Trainer:
         (``report_tasks``, e.g. ``simple@test``) give ``report/<level@split>/*``, kept apart so
         that nothing selects on them. A set equal to one already played is not played again.
         """
-        with self.watchdog.guard(f"evaluation {name}"):
+        with self.watchdog.guard(f"evaluation {name}"), timing.phase("evaluate", scope=True):
             return self._evaluate(name, report)
 
     def _evaluate(self, name: str, report: bool) -> dict[str, float]:

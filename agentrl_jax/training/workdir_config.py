@@ -33,8 +33,10 @@ CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"
 # Fields a rerun may change freely: none of them changes a parameter, a rollout or a logged
 # training metric (the evaluations before and after RL, and every RNG, do not depend on them;
-# the watchdog only decides when a stuck run gives up).
+# the watchdog only decides when a stuck run gives up; the compilation cache only where compiled
+# programs are kept).
 FREE_FIELDS = (
+    "compile_cache",
     "checkpoint.every",
     "checkpoint.keep_last",
     "checkpoint.keep_best",

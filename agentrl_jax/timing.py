@@ -1,0 +1,203 @@
+"""Where an iteration's wall time goes: named phases, and JAX's compilations inside them.
+
+A ``PhaseClock`` adds up the seconds spent in named phases. Phases nest: a phase's seconds are
+its own, without its children's, so the phases of one clock never count a second twice and their
+sum is the time spent inside any phase. A phase opened inside a scope phase (``evaluate``) is
+recorded under it (``evaluate/sample``). The code being timed marks its phases with the
+module-level ``phase(name)``, which records into the clock made current by
+``PhaseClock.running()`` and is a no-op when none is.
+
+JAX's compilations are recorded too, by ``jax.monitoring`` listeners (installed on the first
+``running()``): each XLA compilation of a program, or its load from the persistent compilation
+cache (``agentrl_jax/compile_cache.py``), is taken out of the phase it happened in and added to
+``compile``, so a device phase measures the programs' runs alone. The listeners run in the
+thread that compiles, inside the phase that called the program. (Tracing and lowering stay in
+the phase that called the program.)
+
+``DEVICE_PHASES`` wait on device programs and are timed to the programs' completion (their
+callers block on the outputs, which they read next anyway). Their share of the wall time is the
+device's busy fraction (``IterationProfile.device_busy_fraction``); on an accelerator the rest is
+host time during which the device is idle.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import contextvars
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator
+
+# Phases whose seconds are device programs running (the host waits on their outputs); ``sync``
+# is the sampler's copy of the weights (a cast on the device, or nothing when it borrows them).
+DEVICE_PHASES = ("sample", "score", "update", "sync")
+
+# jax.monitoring's event for one XLA compilation, or its load from the persistent cache
+# (jax/_src/dispatch.py: BACKEND_COMPILE_EVENT wraps ``compile_or_get_cached``).
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+
+_current: contextvars.ContextVar[PhaseClock | None] = contextvars.ContextVar(
+    "agentrl_phase_clock", default=None
+)
+_listeners_installed = False
+_install_lock = threading.Lock()
+
+
+class PhaseClock:
+    """Seconds per phase, compilations and their seconds, over the time it was running.
+
+    Attributes:
+      seconds: phase path -> seconds of its own (children excluded).
+      compilations: XLA programs compiled or loaded from the persistent cache.
+      cache_hits: of those, the ones loaded from the persistent compilation cache.
+    """
+
+    def __init__(self):
+        self.seconds: dict[str, float] = collections.defaultdict(float)
+        self.compilations = 0
+        self.cache_hits = 0
+        self._open: list[list] = []  # [path, children's seconds, scope] of each open phase
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[PhaseClock]:
+        """Makes this the clock ``phase`` records into, for the ``with`` block."""
+        install_listeners()
+        token = _current.set(self)
+        try:
+            yield self
+        finally:
+            _current.reset(token)
+
+    @contextlib.contextmanager
+    def phase(self, name: str, *, scope: bool = False) -> Iterator[None]:
+        """Times the block as ``name`` (``outer/name`` inside a scope phase ``outer``)."""
+        outer = next((path for path, _, is_scope in reversed(self._open) if is_scope), None)
+        path = f"{outer}/{name}" if outer else name
+        self._open.append([path, 0.0, scope])
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._close(time.perf_counter() - t0)
+
+    def _close(self, elapsed: float) -> None:
+        path, children, _ = self._open.pop()
+        self.seconds[path] += elapsed - children
+        if self._open:
+            self._open[-1][1] += elapsed
+
+    def _compiled(self, seconds: float) -> None:
+        """An XLA compilation of ``seconds`` inside the open phase: moved to ``compile``."""
+        self.compilations += 1
+        self.seconds["compile"] += seconds
+        if self._open:
+            self._open[-1][1] += seconds
+
+    @property
+    def total(self) -> float:
+        """Seconds inside any phase."""
+        return sum(self.seconds.values())
+
+    def as_dict(self) -> dict[str, float]:
+        return dict(sorted(self.seconds.items()))
+
+
+def phase(name: str, *, scope: bool = False) -> contextlib.AbstractContextManager:
+    """Times the ``with`` block as phase ``name`` of the running clock (no-op without one).
+
+    ``scope``: the phases opened inside are recorded as ``name/<phase>`` (an evaluation's
+    ``evaluate/sample``), not with the iteration's own.
+    """
+    clock = _current.get()
+    return contextlib.nullcontext() if clock is None else clock.phase(name, scope=scope)
+
+
+@dataclasses.dataclass
+class CompileTotals:
+    """The process's XLA compilations since ``install_listeners`` (every thread, any clock)."""
+
+    compilations: int = 0
+    seconds: float = 0.0  # compiling, or loading from the persistent cache
+    cache_hits: int = 0
+
+
+TOTALS = CompileTotals()
+
+
+def _on_duration(event: str, seconds: float, **kwargs) -> None:
+    if event != BACKEND_COMPILE_EVENT:
+        return
+    TOTALS.compilations += 1
+    TOTALS.seconds += seconds
+    clock = _current.get()
+    if clock is not None:
+        clock._compiled(seconds)
+
+
+def _on_event(event: str, **kwargs) -> None:
+    if event != CACHE_HIT_EVENT:
+        return
+    TOTALS.cache_hits += 1
+    clock = _current.get()
+    if clock is not None:
+        clock.cache_hits += 1
+
+
+def install_listeners() -> None:
+    """Starts counting compilations (``TOTALS``, and the running clock's); idempotent."""
+    global _listeners_installed
+    with _install_lock:
+        if _listeners_installed:
+            return
+        from jax import monitoring  # noqa: PLC0415 - only a running clock needs it
+
+        monitoring.register_event_duration_secs_listener(_on_duration)
+        monitoring.register_event_listener(_on_event)
+        _listeners_installed = True
+
+
+@dataclasses.dataclass(frozen=True)
+class IterationProfile:
+    """Where one iteration's wall time went.
+
+    Attributes:
+      iteration: its number (1-based, as logged).
+      wall_s: its wall-clock seconds.
+      phases: phase path -> seconds of its own (``PhaseClock.seconds``).
+      compilations: XLA programs compiled or loaded from the persistent cache during it.
+      cache_hits: of those, loaded from the cache.
+    """
+
+    iteration: int
+    wall_s: float
+    phases: dict[str, float]
+    compilations: int
+    cache_hits: int
+
+    @classmethod
+    def of(cls, iteration: int, wall_s: float, clock: PhaseClock) -> IterationProfile:
+        return cls(iteration, wall_s, clock.as_dict(), clock.compilations, clock.cache_hits)
+
+    @property
+    def coverage(self) -> float:
+        """The phases' seconds over the wall time (1: every second is in a phase)."""
+        return sum(self.phases.values()) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def device_busy_fraction(self) -> float:
+        """Seconds of device programs running over the wall time."""
+        busy = sum(s for p, s in self.phases.items() if p.rsplit("/", 1)[-1] in DEVICE_PHASES)
+        return busy / self.wall_s if self.wall_s else 0.0
+
+
+def phase_metrics(clock: PhaseClock, wall_s: float) -> dict[str, float]:
+    """TensorBoard scalars of a clock so far: ``time/phase/<path>_s``, the compilations and the
+    device's busy fraction (``perf/device_busy_fraction``) over ``wall_s``."""
+    profile = IterationProfile.of(0, wall_s, clock)
+    out = {f"time/phase/{path}_s": s for path, s in profile.phases.items()}
+    out["perf/compilations"] = float(profile.compilations)
+    out["perf/device_busy_fraction"] = profile.device_busy_fraction
+    return out
