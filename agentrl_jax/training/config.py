@@ -29,7 +29,8 @@ REWARDS = ("sparse", "dense")
 KL_MODES = ("loss", "reward")
 # Which train games RL draws from: all of them, or those no SFT demonstration used.
 TASK_POOLS = ("all", "unseen")
-TEMPLATES = ("plain", "qwen")
+# Chat templates (training/chat.py): fixed layouts, or the checkpoint's own jinja template.
+TEMPLATES = ("checkpoint", "plain", "qwen")
 
 
 class ConfigError(ValueError):
@@ -101,7 +102,10 @@ class ModelSection:
     tokenizer: str = ""  # a local tokenizer dir; empty: the checkpoint's, or built from env text
     # The vocabulary of a tokenizer built from the env text (no checkpoint, no tokenizer given).
     tokenizer_vocab: int = 1024
-    template: str = "plain"
+    # The chat template: "checkpoint" (the checkpoint's or tokenizer's own jinja template, checked
+    # when the run starts), "qwen" or "plain"; empty: "checkpoint" when model.checkpoint is set,
+    # else "plain".
+    template: str = ""
     dtype: str = "float32"
     remat: str = "none"  # what each layer keeps for the backward pass: REMAT_POLICIES
     scan_layers: bool = False  # the layers as one scanned stack (ModelConfig.scan_layers)
@@ -114,7 +118,15 @@ class ModelSection:
         if not self.checkpoint:
             _choice("config.model.preset", self.preset, PRESETS)
         _choice("config.model.dtype", self.dtype, DTYPES)
+        if not self.template:
+            object.__setattr__(self, "template", "checkpoint" if self.checkpoint else "plain")
         _choice("config.model.template", self.template, TEMPLATES)
+        if self.template == "checkpoint" and not (self.checkpoint or self.tokenizer):
+            raise ConfigError(
+                "config.model.template is 'checkpoint' (the chat template of "
+                "config.model.checkpoint or config.model.tokenizer) but neither is set; expected "
+                "a checkpoint or tokenizer directory, or template 'qwen' or 'plain'"
+            )
         _choice("config.model.remat", self.remat, REMAT_POLICIES)
         if not isinstance(self.scan_layers, bool):
             raise ConfigError(f"config.model.scan_layers is {self.scan_layers!r}; expected a bool")

@@ -316,7 +316,20 @@ class Trainer:
         self.tokenizer = self._tokenizer()
         if self.multihost:
             multihost.check_agreement({"tokenizer": self._tokenizer_fingerprint()})
-        self.template = get_template(cfg.model.template)
+        # A checkpoint's own template is cut into pieces and checked against the tokenizer here,
+        # before any model is built (training/chat_checkpoint.py).
+        self.template = get_template(
+            cfg.model.template,
+            self.tokenizer,
+            directory=cfg.model.tokenizer or cfg.model.checkpoint,
+            system_prompt=cfg.rollout.system_prompt,
+        )
+        logging.info(
+            "chat template: %s%s (stop token %r)",
+            self.template.name,
+            f" from {self.template.source}" if self.template.source else "",
+            self.template.stop_token,
+        )
         self.policy = self._policy()
         self.critic = (
             Qwen2ValueModel.from_policy(self.policy, rngs=nnx.Rngs(cfg.seed + 1))

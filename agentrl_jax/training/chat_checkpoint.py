@@ -1,0 +1,448 @@
+"""A checkpoint's own chat template, rendered into the pieces a multi-turn rollout feeds.
+
+A Hugging Face checkpoint carries its chat template as jinja text: ``chat_template.jinja`` beside
+the tokenizer (what recent transformers write), else the ``chat_template`` field of
+``tokenizer_config.json`` (or of ``chat_template.json``). A rollout never renders a whole
+conversation: it encodes each piece once, as it enters the model's context (``chat.ChatTemplate``):
+the system piece, each user turn with the generation prompt, and the text that closes an action
+after the stop token the sampler emits. :func:`derive_template` gets those pieces from the template
+itself, by rendering short conversations with ``tokenizer.apply_chat_template`` (transformers' own
+jinja environment) and differencing the strings::
+
+    A = render([system])                                         system piece
+    B = render([system, user], generation prompt)                A + first user turn
+    D = render([system, user, assistant, user], generation p.)   B + action + stop token
+                                                                   + closing text + next user turn
+
+Every message's content is a sentinel word, found by position in the rendered text.
+
+:func:`check_prefix_stable` then checks that the pieces are the template: a 10-turn conversation
+rendered whole by ``apply_chat_template`` must equal its pieces concatenated, as text and as token
+ids (each piece encoded apart, as the rollout does, against the whole text encoded at once: a BPE
+merge across a piece boundary shows only there). Nothing is guessed: a template that fails is
+refused with a :class:`ChatTemplateError` naming the template's file and the first position
+where the two differ. Refused:
+
+- a template that rewrites earlier turns, e.g. Qwen3's, which drops the ``<think>`` block of every
+  assistant turn before the last user message: the context a rollout keeps across turns holds the
+  action as sampled, which is not what the template renders once the next turn is added;
+- one whose earlier text changes when a turn is added (the system piece, or a generation prompt
+  that the rendered assistant turn does not start with);
+- one whose assistant turn is not closed by a single token (no stop id for the sampler);
+- one whose first user turn is not the tail of the later ones (e.g. a system prompt folded into
+  the first user message);
+- one that changes message content other than by stripping its surrounding whitespace (Llama 3's
+  ``| trim`` is handled: the system prompt and observations are stripped before they are fed);
+- pieces whose token ids differ from the whole conversation's at a boundary, e.g. a generation
+  prompt ending in a space that the whole text's encoding merges into the action's first word.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from collections.abc import Sequence
+
+from agentrl_jax.training.chat import CHECKPOINT, ChatTemplate
+
+# Where a checkpoint keeps its chat template, most specific first (transformers' order).
+JINJA_FILE = "chat_template.jinja"
+JSON_FILES = ("tokenizer_config.json", "chat_template.json")
+
+# Sentinel contents: single words no template trims, escapes or splits.
+_SYSTEM, _USER1, _ACTION1, _USER2 = "SYSTEMxQ7", "USERxQ7a", "ACTIONxQ7", "USERxQ7b"
+_PAD = " \n"  # whitespace around a sentinel, to see whether the template strips content
+
+# The conversation the check renders: env-like observations (newlines, runs of spaces, digits,
+# unicode, whitespace at either end) and actions as a policy writes them (one with a think block,
+# which a template that rewrites reasoning in earlier turns changes).
+OBSERVATIONS = (
+    "-= Kitchen =-\nYou are in a kitchen. There is a closed fridge and a wooden table here.\n\n"
+    "Admissible commands: open fridge, go north, look",
+    "You open the fridge, revealing 2 red apples and 12 eggs.",
+    " Your score has just gone up by 1 point.\n",
+    "\nYou are carrying:\n  a brass key\n  a loaf of bread",
+    "-= Corridor =-\n\n\nExits: north, south. There is a locked door here.",
+    "You arrive at countertop 1. On the countertop 1, you see a mug 2, and a knife 1.",
+    "Nothing happens.  ",
+    "Ünïcödé signs: ∑ ≥ 😀 — “quoted” text.",
+    "Your task is to: put a clean mug in coffeemachine.\t",
+    "> look\nYou see nothing special.",
+    "*** The End *** You scored 3 out of a possible 3, in 10 turns.",
+)
+ACTIONS = (
+    "open fridge",
+    "take red apple from fridge",
+    "go north",
+    "<think>\nThe door is locked; the brass key opens it.\n</think>\n\nunlock door with brass key",
+    "inventory",
+    "take mug 2 from countertop 1",
+    "look",
+    "examine ∑",
+    "put mug 2 in/on coffeemachine 1",
+    "go south",
+)
+
+_FIXES = (
+    "Use a template that renders every turn once, as it was fed: config.model.template='qwen' for "
+    "a ChatML checkpoint (Qwen2.5, Qwen3), or a chat_template.jinja of your own beside the "
+    "checkpoint's tokenizer."
+)
+
+
+class ChatTemplateError(ValueError):
+    """A checkpoint's chat template cannot be used; the message names it and says where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TemplateSource:
+    """A chat template's jinja text and the file it was read from (``origin``, for messages)."""
+
+    text: str
+    origin: str
+
+
+def read_chat_template(directory: str | pathlib.Path) -> TemplateSource:
+    """Reads the chat template of a local checkpoint or tokenizer directory.
+
+    ``chat_template.jinja`` when present, else the ``chat_template`` field of
+    ``tokenizer_config.json``, then of ``chat_template.json``. A field holding named templates
+    (``[{"name": ..., "template": ...}]``) gives its ``default`` one.
+
+    Raises:
+      FileNotFoundError: the directory does not exist.
+      ChatTemplateError: no file holds a template, or one is not valid JSON or not jinja text.
+    """
+    directory = pathlib.Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"checkpoint directory {directory} does not exist")
+    jinja = directory / JINJA_FILE
+    if jinja.is_file():
+        return TemplateSource(jinja.read_text(encoding="utf-8"), str(jinja))
+    for name in JSON_FILES:
+        path = directory / name
+        if not path.is_file():
+            continue
+        try:
+            fields = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise ChatTemplateError(f"{path} is not valid JSON: {e}") from e
+        template = fields.get("chat_template") if isinstance(fields, dict) else None
+        if template is None:
+            continue
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            if "default" not in named:
+                raise ChatTemplateError(
+                    f"{path}: chat_template holds the named templates {sorted(map(str, named))}; "
+                    "expected one called 'default'"
+                )
+            template = named["default"]
+        if not isinstance(template, str) or not template.strip():
+            raise ChatTemplateError(
+                f"{path}: chat_template is {template!r}; expected the template's jinja text"
+            )
+        return TemplateSource(template, f"{path} (chat_template)")
+    found = sorted(p.name for p in directory.iterdir())[:12]
+    raise ChatTemplateError(
+        f"no chat template in {directory}: expected {JINJA_FILE}, or a chat_template field in "
+        f"{' or '.join(JSON_FILES)} (found: {found}); config.model.template='qwen' or 'plain' "
+        "names a fixed layout instead"
+    )
+
+
+def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
+    """The template's pieces, by rendering short conversations and differencing the strings.
+
+    Args:
+      tokenizer: the checkpoint's tokenizer (transformers), which renders with its special tokens
+        (``bos_token`` and the like) as the template expects.
+      source: the template's text and origin (:func:`read_chat_template`).
+
+    Returns:
+      A ``ChatTemplate`` named ``"checkpoint"`` whose stop token is the token that closes the
+      template's assistant turn (``<|im_end|>`` for Qwen, ``<|eot_id|>`` for Llama 3).
+
+    Raises:
+      ChatTemplateError: the template cannot be cut into those pieces (module docstring).
+    """
+    strip = _strips_content(tokenizer, source)
+    system = {"role": "system", "content": _SYSTEM}
+    user1, user2 = _user(_USER1), _user(_USER2)
+    a = _render(tokenizer, source, [system], generation_prompt=False)
+    b = _render(tokenizer, source, [system, user1], generation_prompt=True)
+    d = _render(
+        tokenizer, source, [system, user1, _assistant(_ACTION1), user2], generation_prompt=True
+    )
+    system_prefix, system_suffix = _split_once(source, a, _SYSTEM, "[system]")
+    if not b.startswith(a):
+        raise _unstable(source, "adding the first user turn changes the system piece", a, b)
+    user_prefix, user_suffix = _split_once(source, b[len(a) :], _USER1, "[system, user]")
+    if not d.startswith(b + _ACTION1):
+        raise _unstable(
+            source,
+            "the generation prompt is not how the template renders the assistant turn once the "
+            "next user turn follows",
+            b + _ACTION1,
+            d,
+        )
+    closing = d[len(b) + len(_ACTION1) :]
+    stop = _stop_token(tokenizer, source, closing)
+    later_prefix, later_suffix = _split_once(
+        source, closing[len(stop) :], _USER2, "[system, user, assistant, user]"
+    )
+    if later_suffix != user_suffix:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: the second user turn ends with {later_suffix!r}, "
+            f"the first with {user_suffix!r}; every turn must end with the same generation prompt"
+        )
+    if not later_prefix.endswith(user_prefix):
+        raise ChatTemplateError(
+            f"chat template {source.origin}: the first user turn opens with {user_prefix!r}, "
+            f"which is not the end of the later turns' opening {later_prefix!r} (a template that "
+            "renders the first user message apart, e.g. with the system prompt folded in, is not "
+            "supported)"
+        )
+    return ChatTemplate(
+        name=CHECKPOINT,
+        system_prefix=system_prefix,
+        system_suffix=system_suffix,
+        user_prefix=user_prefix,
+        user_suffix=user_suffix,
+        action_suffix=later_prefix[: len(later_prefix) - len(user_prefix)],
+        stop_token=stop,
+        strip_content=strip,
+        source=source.origin,
+    )
+
+
+def check_prefix_stable(
+    template: ChatTemplate,
+    tokenizer,
+    source: TemplateSource,
+    *,
+    system_prompt: str,
+    observations: Sequence[str] = OBSERVATIONS,
+    actions: Sequence[str] = ACTIONS,
+) -> None:
+    """Checks that the pieces concatenate to what ``apply_chat_template`` renders whole.
+
+    The conversation is the system prompt, ``len(actions)`` turns of (observation, action), then
+    one more observation with the generation prompt: what a rollout has fed when it samples its
+    next action. The pieces are what the rollout feeds: ``template.system_ids``, then for each
+    turn ``template.turn_ids`` and the action's ids closed by the stop id (the action encoded
+    alone, as a policy that writes it token by token in its canonical encoding would).
+
+    Args:
+      template: the pieces (:func:`derive_template`).
+      tokenizer: the checkpoint's tokenizer.
+      source: the template's text and origin.
+      system_prompt: the run's system prompt.
+      observations: ``len(actions) + 1`` user messages.
+      actions: the assistant messages.
+
+    Raises:
+      ChatTemplateError: the text or the token ids differ; the message gives the first position
+        (a character or an id), the piece it falls in, and both sides there.
+    """
+    if len(observations) != len(actions) + 1:
+        raise ValueError(
+            f"{len(actions)} actions need {len(actions) + 1} observations; got {len(observations)}"
+        )
+    messages = [{"role": "system", "content": system_prompt}]
+    texts = [("the system piece", template.system_text(system_prompt))]
+    ids = [("the system piece", template.system_ids(tokenizer, system_prompt))]
+    stop_id = template.stop_id(tokenizer)
+    for k, obs in enumerate(observations):
+        turn = f"user turn {k + 1}"
+        messages.append(_user(obs))
+        texts.append((turn, template.turn_text(obs, first=k == 0)))
+        ids.append((turn, template.turn_ids(tokenizer, obs, first=k == 0)))
+        if k < len(actions):
+            messages.append(_assistant(actions[k]))
+            texts.append((f"action {k + 1}", actions[k] + template.stop_token))
+            ids.append((f"action {k + 1}", _encode(tokenizer, actions[k]) + [stop_id]))
+
+    whole = _render(tokenizer, source, messages, generation_prompt=True)
+    pieces = "".join(text for _, text in texts)
+    if pieces != whole:
+        at = _first_difference(pieces, whole)
+        raise ChatTemplateError(
+            f"chat template {source.origin} is not prefix-stable: a conversation of "
+            f"{len(actions)} turns rendered whole by apply_chat_template differs from its turns "
+            f"rendered one at a time, first at character {at} (in {_piece_at(texts, at)}): "
+            f"{_show(pieces, whole, at)}. The template renders an earlier turn differently once "
+            "later turns follow (Qwen3's, e.g., drops the <think> block of assistant turns before "
+            "the last user message), so the context a rollout keeps across turns is not what the "
+            f"template renders. {_FIXES}"
+        )
+    whole_ids = list(
+        tokenizer.apply_chat_template(
+            messages,
+            chat_template=source.text,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+    )
+    piece_ids = [i for _, part in ids for i in part]
+    if piece_ids != whole_ids:
+        at = _first_difference(piece_ids, whole_ids)
+        window = slice(max(0, at - 3), at + 4)
+        raise ChatTemplateError(
+            f"chat template {source.origin}: the text is prefix-stable but the token ids are not: "
+            f"the pieces encoded one at a time ({len(piece_ids)} ids) differ from "
+            f"apply_chat_template(tokenize=True) of the whole conversation ({len(whole_ids)} "
+            f"ids), first at id {at} (in {_piece_at(ids, at)}): pieces "
+            f"{tokenizer.convert_ids_to_tokens(piece_ids[window])}, whole "
+            f"{tokenizer.convert_ids_to_tokens(whole_ids[window])} (ids from {window.start}). "
+            "The tokenizer merges characters across a piece boundary (a generation prompt ending "
+            "in whitespace that the action's first token absorbs, or a pre-tokenizer that splits "
+            "a run of newlines by what follows), so the pieces cannot be encoded apart. Use a "
+            "template whose pieces meet at special tokens: config.model.template='qwen' or "
+            "'plain', or a chat_template.jinja of your own beside the checkpoint's tokenizer."
+        )
+
+
+def checkpoint_template(
+    directory: str | pathlib.Path, tokenizer, *, system_prompt: str
+) -> ChatTemplate:
+    """The chat template of a checkpoint directory, cut into pieces and checked (run start).
+
+    Raises:
+      FileNotFoundError: no such directory.
+      ChatTemplateError: no template, or one refused (module docstring).
+    """
+    source = read_chat_template(directory)
+    template = derive_template(tokenizer, source)
+    check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt)
+    return template
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _user(content: str) -> dict[str, str]:
+    return {"role": "user", "content": content}
+
+
+def _assistant(content: str) -> dict[str, str]:
+    return {"role": "assistant", "content": content}
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _render(tokenizer, source: TemplateSource, messages, generation_prompt: bool) -> str:
+    try:
+        return tokenizer.apply_chat_template(
+            messages,
+            chat_template=source.text,
+            add_generation_prompt=generation_prompt,
+            tokenize=False,
+        )
+    except Exception as e:  # A template is user code: any failure names it and the conversation.
+        roles = [m["role"] for m in messages]
+        raise ChatTemplateError(
+            f"chat template {source.origin} failed to render the conversation {roles} "
+            f"(add_generation_prompt={generation_prompt}): {type(e).__name__}: {e}"
+        ) from e
+
+
+def _strips_content(tokenizer, source: TemplateSource) -> bool:
+    """Whether the template strips message content (Llama 3's ``| trim``) or keeps it verbatim.
+
+    Raises:
+      ChatTemplateError: it does something else, or strips one role's content but not another's.
+    """
+    padded = _PAD + "{}" + _PAD
+    system = {"role": "system", "content": _SYSTEM}
+    cases = {
+        "system": (lambda c: [{"role": "system", "content": c}], _SYSTEM),
+        "user": (lambda c: [system, _user(c)], _USER1),
+    }
+    strips = {}
+    for role, (conversation, word) in cases.items():
+        bare = _render(tokenizer, source, conversation(word), generation_prompt=True)
+        wide = _render(tokenizer, source, conversation(padded.format(word)), generation_prompt=True)
+        if wide == bare.replace(word, padded.format(word)):
+            strips[role] = False
+        elif wide == bare:
+            strips[role] = True
+        else:
+            raise ChatTemplateError(
+                f"chat template {source.origin} changes {role} content other than by stripping "
+                f"its surrounding whitespace: {padded.format(word)!r} renders as {wide!r} (with "
+                f"{word!r}: {bare!r}); the pieces cannot hold arbitrary text"
+            )
+    if strips["system"] != strips["user"]:
+        raise ChatTemplateError(
+            f"chat template {source.origin} strips the whitespace around "
+            f"{'system' if strips['system'] else 'user'} content but not around "
+            f"{'user' if strips['system'] else 'system'} content; expected both or neither"
+        )
+    return strips["user"]
+
+
+def _split_once(source: TemplateSource, text: str, word: str, what: str) -> tuple[str, str]:
+    """``text`` before and after the one occurrence of sentinel ``word``."""
+    if text.count(word) != 1:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: rendering {what} shows the message content "
+            f"{text.count(word)} times in {text!r}; expected it once"
+        )
+    before, after = text.split(word)
+    return before, after
+
+
+def _stop_token(tokenizer, source: TemplateSource, closing: str) -> str:
+    """The token that closes an assistant turn: the tokenizer's longest added token that the
+    text after the action starts with (``<|im_end|>``, ``<|eot_id|>``), one id."""
+    added = {t.content for t in tokenizer.added_tokens_decoder.values() if t.content}
+    starts = [t for t in added if closing.startswith(t)]
+    if not starts:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: the text that closes an assistant turn, "
+            f"{closing[:40]!r}, does not start with one of the tokenizer's special or added "
+            "tokens, so the sampler has no stop id that ends an action"
+        )
+    stop = max(starts, key=len)
+    if _encode(tokenizer, stop) != [tokenizer.convert_tokens_to_ids(stop)]:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: the stop token {stop!r} encodes as "
+            f"{_encode(tokenizer, stop)}; expected one id"
+        )
+    return stop
+
+
+def _unstable(source: TemplateSource, what: str, before: str, after: str) -> ChatTemplateError:
+    at = _first_difference(before, after)
+    return ChatTemplateError(
+        f"chat template {source.origin} is not prefix-stable: {what}, first at character {at}: "
+        f"{_show(before, after, at, ('fed', 'rendered later'))}. {_FIXES}"
+    )
+
+
+def _first_difference(a: Sequence, b: Sequence) -> int:
+    """The first index where ``a`` and ``b`` differ (the shorter one's length if one is a prefix
+    of the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _piece_at(pieces: list[tuple[str, Sequence]], at: int) -> str:
+    """The label of the piece that holds position ``at`` of the pieces concatenated."""
+    start = 0
+    for label, part in pieces:
+        if at < start + len(part):
+            return f"{label}, at {at - start} of its {len(part)}"
+        start += len(part)
+    return "the end of the pieces"
+
+
+def _show(a: str, b: str, at: int, names: tuple[str, str] = ("turn by turn", "whole")) -> str:
+    return (
+        f"after {a[max(0, at - 40) : at]!r}, {names[0]} {a[at : at + 40]!r} but {names[1]} "
+        f"{b[at : at + 40]!r}"
+    )
