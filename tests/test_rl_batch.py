@@ -1,0 +1,77 @@
+"""``training/rl_batch.py``: the advantages of step-wise rows against plain numpy references."""
+
+import numpy as np
+import pytest
+
+from agentrl_jax import kernels
+from agentrl_jax.benchmarks.learner import synthetic_episodes
+from agentrl_jax.training import rl_batch
+
+
+def _step_rows(seed=0):
+    trajs = synthetic_episodes(2, 3, vocab=64, max_steps=4, seed=seed)
+    return trajs, rl_batch.build_rows(trajs, "step", pad_id=0, row_multiple=4)
+
+
+def _reference_reinforce_pp_steps(trajs, rows, step_of_row, kl, gamma, kl_coef, eps):
+    """REINFORCE++ over environment steps, by loops: a step's reward less ``kl_coef`` times the
+    KL summed over its action's tokens, discounted returns per episode, whitened over every
+    real step (unbiased std); each step row's action tokens get its step's advantage."""
+    returns = {}
+    for i, traj in enumerate(trajs):
+        g = 0.0
+        for k in reversed(range(len(traj.steps))):
+            (r,) = np.flatnonzero((rows.traj_index == i) & (step_of_row == k))
+            step_kl = float(np.sum(kl[r].astype(np.float64) * rows.loss_mask[r]))
+            g = traj.steps[k].reward - kl_coef * step_kl + gamma * g
+            returns[i, k] = g
+    values = np.array(list(returns.values()))
+    mean, std = values.mean(), values.std(ddof=1)
+    want = np.zeros(rows.tokens.shape)
+    for (i, k), g in returns.items():
+        (r,) = np.flatnonzero((rows.traj_index == i) & (step_of_row == k))
+        want[r] = (g - mean) / (std + eps) * rows.loss_mask[r]
+    return want
+
+
+def test_step_rows_get_the_kl_reward_penalty():
+    """kl_mode="reward" in step-wise contexts: each step's reward loses ``kl_coef`` times its
+    action tokens' KL (the sum the token-level estimators subtract over that action)."""
+    trajs, rl = _step_rows()
+    rows = rl.rows
+    rng = np.random.default_rng(1)
+    kl = (rng.normal(0.2, 0.3, rows.tokens.shape) * rows.loss_mask).astype(np.float32)
+    config = kernels.AdvantageConfig(gamma=0.9, kl_coef=0.3)
+    with_kl, _ = rl_batch.advantages(rl, len(trajs), "reinforce_pp", config, kl=kl)
+    without, _ = rl_batch.advantages(rl, len(trajs), "reinforce_pp", config)
+    assert not np.allclose(with_kl, without, atol=1e-3)  # the penalty is not dropped
+    want = _reference_reinforce_pp_steps(
+        trajs, rows, rl.step_of_row, kl, config.gamma, config.kl_coef, config.eps
+    )
+    np.testing.assert_allclose(with_kl, want, rtol=0, atol=1e-5)
+    # With kl_coef 0 the KL changes nothing.
+    plain = kernels.AdvantageConfig(gamma=0.9)
+    zero, _ = rl_batch.advantages(rl, len(trajs), "reinforce_pp", plain, kl=kl)
+    np.testing.assert_array_equal(
+        zero, rl_batch.advantages(rl, len(trajs), "reinforce_pp", plain)[0]
+    )
+
+
+def test_step_kl_only_counts_action_tokens():
+    """KL on prompt or padding positions (an unmasked array) never reaches a step's reward."""
+    trajs, rl = _step_rows(seed=2)
+    rows = rl.rows
+    rng = np.random.default_rng(3)
+    kl = rng.normal(0.0, 0.5, rows.tokens.shape).astype(np.float32) * rows.loss_mask
+    noisy = kl + 100.0 * (1.0 - rows.loss_mask)
+    config = kernels.AdvantageConfig(kl_coef=0.5)
+    got, _ = rl_batch.advantages(rl, len(trajs), "reinforce_pp", config, kl=noisy)
+    want, _ = rl_batch.advantages(rl, len(trajs), "reinforce_pp", config, kl=kl)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+
+
+def test_step_kl_must_match_the_rows():
+    trajs, rl = _step_rows()
+    config = kernels.AdvantageConfig(kl_coef=0.5)
+    with pytest.raises(ValueError, match=r"kl is of shape \(3, 5\); expected the rows' shape"):
+        rl_batch.advantages(rl, len(trajs), "reinforce_pp", config, kl=np.zeros((3, 5)))
