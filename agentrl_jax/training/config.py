@@ -239,7 +239,7 @@ class RLSection:
     ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
     aggregation: str = "token_mean"  # "episode_mean": every episode weighs alike, step rows too
     value_clip: float | None = 0.2  # None: unclipped value loss
-    kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3"
+    kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3" (as a loss or a reward)
     # The frozen KL reference's parameters: "float32" (a copy of the policy as RL starts) or
     # "bfloat16" (half the memory a chip holds beside every program of the RL phase).
     reference_dtype: str = "float32"
