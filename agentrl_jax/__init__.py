@@ -4,10 +4,16 @@ The public API is the names below (``__all__``), imported from the top level::
 
     import agentrl_jax as arl
 
-    cd = arl.load_config_file("configs/tiny_textworld.py:smoke")  # as --config= reads it
-    cd.rl.algo = "gagpo"                                            # as --config.rl.algo=
-    trainer = arl.Trainer(arl.from_config_dict(cd, num_devices=1), "runs/demo")
-    evals = trainer.run()                                           # SFT, then RL; resumes
+    if __name__ == "__main__":  # in a script: the env workers import the main module again
+        cd = arl.load_config_file("configs/tiny_textworld.py:smoke")  # as --config= reads it
+        cd.rl.algo = "gagpo"                                            # as --config.rl.algo=
+        trainer = arl.Trainer(arl.from_config_dict(cd, num_devices=1), "runs/demo")
+        evals = trainer.run()                                           # SFT, then RL; resumes
+
+A script must keep the ``if __name__ == "__main__":`` block: the env actor pool starts its worker
+processes through multiprocessing's forkserver, which imports the main module again, so code
+that builds a Trainer (or an ActorPool) at import time would run again in every worker (the
+pool's error names this). Notebooks and ``python -c`` need no block.
 
 Everything not listed in ``__all__`` is internal and may change without notice, including the
 subpackages' own modules (``agentrl_jax.training.learner``, ``agentrl_jax.envs.actors``, ...);

@@ -227,6 +227,52 @@ def test_clean_shutdown_without_close_leaves_no_orphans(tmp_path):
     assert not alive, f"orphan workers: {alive}"
 
 
+def _run_script(path, body):
+    path.write_text(textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(path)], capture_output=True, text=True, timeout=120, cwd=path.parent
+    )
+
+
+def test_a_script_without_a_main_guard_is_told_to_add_one(tmp_path):
+    """The README's snippet saved as a script and run without ``if __name__ == "__main__":``:
+    the workers (forkserver) import the main module again, which builds a pool again while they
+    start. The error names the cause and the idiom, not only a worker's death."""
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    proc = _run_script(
+        tmp_path / "try_pool.py",
+        f"""
+        import sys
+        sys.path.insert(0, {tests_dir!r})
+        from agentrl_jax.envs.actors import ActorPool
+
+        pool = ActorPool("chaos_env:ChaosEnv", num_workers=1, start_timeout_s=60)
+        print("built", flush=True)
+        pool.close()
+        """,
+    )
+    assert proc.returncode == 1 and "built" not in proc.stdout, proc.stdout + proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: env worker 0 died while starting"), proc.stderr
+    assert "try_pool.py builds the actor pool when it is imported (line 6" in last, last
+    assert 'put the code that builds the pool under `if __name__ == "__main__":`' in last, last
+    # The same script with the guard runs.
+    proc = _run_script(
+        tmp_path / "guarded.py",
+        f"""
+        import sys
+        sys.path.insert(0, {tests_dir!r})
+        from agentrl_jax.envs.actors import ActorPool
+
+        if __name__ == "__main__":
+            pool = ActorPool("chaos_env:ChaosEnv", num_workers=1, start_timeout_s=60)
+            print("built", flush=True)
+            pool.close()
+        """,
+    )
+    assert proc.returncode == 0 and "built" in proc.stdout, proc.stderr
+
+
 def test_close_stops_workers():
     pool = ActorPool("faulty-test", num_workers=2)
     pids = pool.worker_pids()

@@ -151,6 +151,17 @@ def test_defaults_have_one_source():
         (dict(rl=dict(temperature=0.0)), r"^config.rl.temperature is 0.0; expected > 0"),
         (dict(rl=dict(top_p=0.0)), r"^config.rl.top_p is 0.0; expected in \(0, 1\]"),
         (dict(rl=dict(top_k=-1)), r"^config.rl.top_k is -1; expected an int >= 0"),
+        # Valid sampling values the learner does not model: refused, not silently mis-trained.
+        (
+            dict(rl=dict(top_p=0.5)),
+            r"^config.rl.top_p is 0.5; expected 1.0: the learner's log-probs do not model top-p "
+            r"truncation, so the PPO ratio would not be against the behaviour policy",
+        ),
+        (
+            dict(rl=dict(top_k=5)),
+            r"^config.rl.top_k is 5; expected 0: the learner's log-probs do not model top-k "
+            r"truncation, so the PPO ratio would not be against the behaviour policy",
+        ),
         (dict(rl=dict(kl_coef=-0.1)), r"^config.rl.kl_coef is -0.1; expected >= 0"),
         (
             dict(env=dict(kwargs=dict(admissible_commands=False))),

@@ -12,12 +12,14 @@ from multihost_worker import tiny_sampler
 
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
+from agentrl_jax.training import stats as stats_lib
 from agentrl_jax.training.evaluate import (
     EvalResult,
     before_after_rows,
     before_after_table,
     evaluate,
     markdown_table,
+    paired_gain,
     plot_learning_curve,
     rl_episode_axis,
     summarize,
@@ -184,6 +186,65 @@ def _result(wins, episodes, spec="simple"):
     return summarize(trajs, greedy=True, num_tasks=episodes)
 
 
+def _played(split, task_id, won, group=0):
+    step = Step([1], [2], [0.0], float(won))
+    return Trajectory(Task("scripted", split, task_id), group, steps=[step], won=won)
+
+
+def test_outcomes_are_keyed_by_split_and_task_id():
+    """Two splits may name a game alike (``g0`` of valid and of test): a result keeps each
+    outcome's split, and two results pair the same game of the same split."""
+    before = summarize(
+        [_played("valid", "g0", True), _played("test", "g0", False)], greedy=True, num_tasks=2
+    )
+    after = summarize(
+        [_played("test", "g0", False), _played("valid", "g0", True)], greedy=True, num_tasks=2
+    )
+    assert before.outcomes == (("valid", "g0", True), ("test", "g0", False))
+    gain = paired_gain(before, after)  # valid won both times, test lost both times
+    assert (gain.n, gain.both, gain.neither, gain.only_after, gain.only_before) == (2, 1, 1, 0, 0)
+    data = json.loads(json.dumps(before.to_json()))
+    assert data["outcomes"] == [["valid", "g0", 1], ["test", "g0", 0]]
+    assert EvalResult.from_json(data) == before
+    # A report written before the split was kept ([task id, won]) reads with its own split.
+    old = {**data, "split": "test", "outcomes": [["g0", 0]]}
+    assert EvalResult.from_json(old).outcomes == (("test", "g0", False),)
+
+
+def test_sampled_evaluation_intervals_are_clustered_by_game():
+    """Several sampled episodes of one game are not independent: the interval is Wilson's at
+    the effective number of episodes (``stats.clustered_wilson_interval`` over the games), and
+    a greedy result (one episode per game) keeps the plain Wilson interval."""
+    # 4 games x 3 episodes; game a won in all, b in two, c in one, d in none.
+    wins = {"a": 3, "b": 2, "c": 1, "d": 0}
+    trajs = [
+        _played("test", game, k < w, group=i)
+        for i, (game, w) in enumerate(wins.items())
+        for k in range(3)
+    ]
+    result = summarize(trajs, greedy=False, num_tasks=4, temperature=1.0)
+    o = result.overall
+    assert (o.episodes, o.wins, o.games) == (12, 6, 4)
+    want = stats_lib.clustered_wilson_interval([3, 2, 1, 0], [3, 3, 3, 3])
+    assert o.interval == pytest.approx(want, abs=1e-12)
+    naive = stats_lib.wilson_interval(6, 12)
+    assert o.interval[0] < naive[0] and o.interval[1] > naive[1]
+    assert o.design_effect == pytest.approx(stats_lib.design_effect([3, 2, 1, 0], [3] * 4))
+    # The report, its JSON and the before/after rows carry the clustered interval.
+    data = json.loads(json.dumps(result.to_json()))
+    assert (data["overall"]["success_low"], data["overall"]["success_high"]) == pytest.approx(want)
+    assert EvalResult.from_json(data) == result
+    md = markdown_table(result)
+    assert f"| **all** | 12 | 50.0% | {stats_lib.fmt_interval(*want)} |" in md
+    assert "95% Wilson intervals, clustered by game (12 episodes of 4 games)" in md
+    row = before_after_rows([("test", result, result)])[0]
+    assert (row["after_rl"]["low"], row["after_rl"]["high"]) == pytest.approx(want)
+    # Greedy: one episode per game, exactly the Wilson interval of the episodes.
+    greedy = _result(31, 50)
+    assert greedy.overall.interval == stats_lib.wilson_interval(31, 50)
+    assert greedy.overall.design_effect == 1.0 and greedy.overall.games == 50
+
+
 def test_reports_json_and_markdown(tmp_path, greedy):
     result = greedy[0]
     json_path, md_path = write_report(result, tmp_path / "eval", "valid_simple")
@@ -204,8 +265,8 @@ def test_reports_json_and_markdown(tmp_path, greedy):
         None,
     )
     assert data["overall"]["success_low"] == pytest.approx(0.230724, abs=1e-6)
-    assert [t for t, _ in data["outcomes"]] == [
-        t for t, w in result.outcomes
+    assert [(split, t) for split, t, _ in data["outcomes"]] == [
+        (split, t) for split, t, w in result.outcomes
     ]  # the 5 counted episodes, in play order
     assert EvalResult.from_json(data) == result
     # An empty set has no rates: null in JSON, n/a in the table (never a fake 0%).

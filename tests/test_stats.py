@@ -100,3 +100,72 @@ def test_rate_json_and_format():
     assert r["rate"] == 0.77 and r["low"] == pytest.approx(0.678456, abs=1e-6)
     assert stats.fmt_interval(r["low"], r["high"]) == "[67.8, 84.2]"
     assert stats.fmt_interval(float("nan"), 1.0) == "n/a"
+
+
+def _reference_design_effect(wins, episodes):
+    """Kish's design effect by the textbook formulas, written out here: the ratio estimator's
+    variance over games (clusters) against the binomial variance of independent episodes."""
+    n = sum(episodes)
+    p = sum(wins) / n
+    var_games = sum((w - p * m) ** 2 for w, m in zip(wins, episodes)) / n**2
+    var_independent = p * (1 - p) / n
+    return var_games / var_independent
+
+
+def test_one_episode_per_game_is_exactly_the_wilson_interval():
+    """Greedy evaluation plays each game once: the clustered interval is today's Wilson, bit for
+    bit."""
+    for wins, n in [(31, 50), (0, 7), (7, 7), (3, 5)]:
+        outcomes = [1] * wins + [0] * (n - wins)
+        assert stats.design_effect(outcomes, [1] * n) == 1.0
+        assert stats.clustered_wilson_interval(outcomes, [1] * n) == stats.wilson_interval(wins, n)
+
+
+def test_games_whose_episodes_agree_count_as_one_observation_each():
+    # 6 games x 5 sampled episodes, a game won in all or none of them: 6 games' worth of
+    # evidence, not 30 episodes' (scipy's Wilson of 4 / 6, against 20 / 30 independent ones).
+    wins, episodes = [5, 5, 5, 5, 0, 0], [5] * 6
+    assert stats.design_effect(wins, episodes) == pytest.approx(5.0, abs=1e-12)
+    ci = binomtest(4, 6).proportion_ci(confidence_level=0.95, method="wilson")
+    got = stats.clustered_wilson_interval(wins, episodes)
+    assert got == pytest.approx((ci.low, ci.high), abs=1e-12)
+    naive = stats.wilson_interval(20, 30)
+    assert got[0] < naive[0] and got[1] > naive[1]
+    # Every episode won (or lost): nothing shows how alike a game's episodes are; the games are
+    # the units (the interval of 6 / 6, not of 30 / 30).
+    assert stats.clustered_wilson_interval([5] * 6, [5] * 6) == pytest.approx(
+        stats.wilson_interval(6, 6), abs=1e-12
+    )
+    assert stats.clustered_wilson_interval([0, 0], [3, 3]) == pytest.approx(
+        stats.wilson_interval(0, 2), abs=1e-12
+    )
+
+
+def test_clustered_interval_is_wilson_at_the_effective_sample_size():
+    # 4 games x 4 episodes, wins 4, 2, 2, 0: p = 1/2, variance over games 1/32 against 1/64
+    # for 16 independent episodes: design effect 2, the Wilson interval of 4 / 8 (scipy's).
+    wins, episodes = [4, 2, 2, 0], [4, 4, 4, 4]
+    assert stats.design_effect(wins, episodes) == pytest.approx(2.0, abs=1e-12)
+    ci = binomtest(4, 8).proportion_ci(confidence_level=0.95, method="wilson")
+    got = stats.clustered_wilson_interval(wins, episodes)
+    assert got == pytest.approx((ci.low, ci.high), abs=1e-12)
+    # Unequal games (an infrastructure failure cost some episodes): the textbook formula.
+    wins, episodes = [3, 1, 0, 2, 4], [4, 2, 3, 4, 4]
+    deff = _reference_design_effect(wins, episodes)
+    assert deff > 1 and stats.design_effect(wins, episodes) == pytest.approx(deff, rel=1e-12)
+    n_eff, p = 17 / deff, 10 / 17
+    z = 1.959963984540054
+    center = (p + z * z / (2 * n_eff)) / (1 + z * z / n_eff)
+    half = z / (1 + z * z / n_eff) * math.sqrt(p * (1 - p) / n_eff + z * z / (4 * n_eff**2))
+    assert stats.clustered_wilson_interval(wins, episodes) == pytest.approx(
+        (center - half, center + half), abs=1e-12
+    )
+    # Episodes less alike within a game than across games never narrow the interval below the
+    # independent one (design effect at least 1).
+    assert stats.design_effect([1, 1, 1, 1], [2, 2, 2, 2]) == 1.0
+    with pytest.raises(ValueError, match=r"design_effect: 2 wins counts but 3 episode counts"):
+        stats.design_effect([1, 1], [2, 2, 2])
+    with pytest.raises(ValueError, match=r"wins=3, n=2"):
+        stats.design_effect([3], [2])
+    with pytest.raises(ValueError, match=r"design_effect=0.5; expected a number >= 1"):
+        stats.wilson_interval(1, 2, design_effect=0.5)

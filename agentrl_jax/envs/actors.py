@@ -19,6 +19,11 @@ An env that raises an exception fails only that episode (the worker lives on). `
 counts all of it. Results never depend on which worker ran an episode, so a pool is as
 deterministic as its envs.
 
+Scripts: the workers start through multiprocessing's forkserver (or spawn), which imports the
+main module again in each worker. A script must build its pool under
+``if __name__ == "__main__":``; one that builds it at import time would build another pool in
+every worker as it starts, and the pool says so when its workers die that way.
+
 Shutdown: ``close()`` (also on ``with`` exit and at interpreter exit) asks each worker to stop,
 then kills the stragglers; workers ignore SIGINT (the parent decides) and exit by themselves if
 the parent process disappears, so no orphans are left behind.
@@ -26,6 +31,7 @@ the parent process disappears, so no orphans are left behind.
 
 from __future__ import annotations
 
+import ast
 import atexit
 import contextlib
 import dataclasses
@@ -33,6 +39,7 @@ import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -108,6 +115,13 @@ class _Worker:
         try:
             kind, payload = self.conn.recv()
         except (EOFError, OSError) as e:
+            self.process.join(timeout=5.0)  # its exit code, if it is done dying
+            cause = _unguarded_main()
+            if cause is not None:
+                raise RuntimeError(
+                    f"env worker {self.index} died while starting (exit code "
+                    f"{self.process.exitcode}): {cause}"
+                ) from e
             raise RuntimeError(
                 f"env worker {self.index} died while building its envs (exit code "
                 f"{self.process.exitcode})"
@@ -159,6 +173,14 @@ class ActorPool:
     ):
         if mp_context not in ("forkserver", "spawn"):
             raise ValueError(f"mp_context={mp_context!r}: expected 'forkserver' or 'spawn'")
+        if getattr(mp.current_process(), "_inheriting", False):
+            # multiprocessing is starting this process and runs the main module again: a pool
+            # built at import time would start workers of its own, endlessly.
+            raise RuntimeError(
+                "ActorPool: built while multiprocessing starts a worker process and imports the "
+                "main module again, so the module builds the pool when it is imported; "
+                f"{_GUARD_ADVICE}"
+            )
         self.num_workers = num_workers or os.cpu_count() or 1
         if self.num_workers < 1 or envs_per_worker < 1:
             raise ValueError(
@@ -385,6 +407,57 @@ class ActorPool:
                 results[ep] = _failure(error)
             elif self._alive[ep]:
                 self._lost[ep] = error  # Reported on its next step.
+
+
+_GUARD_ADVICE = 'put the code that builds the pool under `if __name__ == "__main__":`'
+
+
+def _unguarded_main() -> str | None:
+    """Why a worker died while starting, when the main module is the cause; else None.
+
+    The cause: the pool is built by the main script's top-level code, outside an
+    ``if __name__ == "__main__":`` block. Found from the call stack (the main module's
+    ``<module>`` frame, at the line that is building the pool) and the script's syntax tree.
+    """
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if main is None or not path:  # interactive, python -c, notebooks: nothing is re-imported
+        return None
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_globals is vars(main) and frame.f_code.co_name == "<module>":
+            break
+        frame = frame.f_back
+    if frame is None:  # built from code the main module did not run at import time
+        return None
+    line = frame.f_lineno
+    try:
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (OSError, SyntaxError, ValueError):
+        return None
+    for node in tree.body:
+        guard = isinstance(node, ast.If) and _is_main_test(node.test)
+        if guard and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None  # guarded: the workers' import does not run it
+    return (
+        f"{path} builds the actor pool when it is imported (line {line}, outside an "
+        'if __name__ == "__main__": block), and each worker process (multiprocessing\'s '
+        "forkserver or spawn) imports the main module again, which builds a pool again while "
+        f"the worker starts; {_GUARD_ADVICE}"
+    )
+
+
+def _is_main_test(test: ast.expr) -> bool:
+    """Whether ``test`` is ``__name__ == "__main__"`` (either way round)."""
+    if not (isinstance(test, ast.Compare) and len(test.ops) == 1):
+        return False
+    if not isinstance(test.ops[0], ast.Eq):
+        return False
+    sides = [test.left, test.comparators[0]]
+    names = [s for s in sides if isinstance(s, ast.Name) and s.id == "__name__"]
+    consts = [s for s in sides if isinstance(s, ast.Constant) and s.value == "__main__"]
+    return len(names) == 1 and len(consts) == 1
 
 
 # ------------------------------------------------------------------------------ worker side

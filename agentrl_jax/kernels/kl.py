@@ -18,7 +18,12 @@ from agentrl_jax.kernels.weighted import Weighted, aggregate
 
 
 def kl_estimate(
-    logprobs: jax.Array, ref_logprobs: jax.Array, kind: str = "k3", clamp: float | None = None
+    logprobs: jax.Array,
+    ref_logprobs: jax.Array,
+    kind: str = "k3",
+    clamp: float | None = None,
+    *,
+    mask: jax.Array | None = None,
 ) -> jax.Array:
     """Per-token KL(pi || pi_ref) estimate.
 
@@ -27,11 +32,17 @@ def kl_estimate(
       ref_logprobs: [B, T] log pi_ref of the same tokens (no gradient).
       kind: "k1", "k2" or "k3".
       clamp: clip the estimate to [-clamp, clamp] (k3 explodes where pi_ref >> pi).
+      mask: optional [B, T], 1 where the estimate is wanted. rho is set to 0 elsewhere before
+        any arithmetic (the estimate there is 0): positions off the loss mask may hold any
+        log-ratio, and k3's exp(-rho) of a huge one overflows, whose gradient (0 * inf) is NaN
+        even under a later ``where``.
 
     Returns:
-      [B, T] estimates.
+      [B, T] estimates (0 where ``mask`` is 0).
     """
     rho = logprobs - jax.lax.stop_gradient(ref_logprobs)
+    if mask is not None:
+        rho = jnp.where(mask > 0, rho, 0.0)  # the safe-where: no exp of a masked-out rho
     if kind == "k1":
         kl = rho
     elif kind == "k2":
@@ -59,7 +70,7 @@ def kl_loss(
     Returns:
       The KL term as numerator / denominator (the trainer multiplies by its coefficient).
     """
-    kl = kl_estimate(logprobs, ref_logprobs, config.kl_estimator, config.kl_clamp)
+    kl = kl_estimate(logprobs, ref_logprobs, config.kl_estimator, config.kl_clamp, mask=loss_mask)
     return aggregate(kl, loss_mask, config.aggregation)
 
 
@@ -73,5 +84,5 @@ def kl_penalty(
     """KL as a reward penalty: the [B, T] per-token estimate to pass as ``kl=`` to gae or
     reinforce_pp (they subtract ``kl_coef * kl`` from the token rewards). No gradient flows.
     """
-    kl = kl_estimate(logprobs, ref_logprobs, kind, clamp)
+    kl = kl_estimate(logprobs, ref_logprobs, kind, clamp, mask=loss_mask)
     return jnp.where(loss_mask > 0, jax.lax.stop_gradient(kl), 0.0)

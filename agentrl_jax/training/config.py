@@ -251,12 +251,14 @@ class RLSection:
     ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
     aggregation: str = "token_mean"  # "episode_mean": every episode weighs alike, step rows too
     value_clip: float | None = 0.2  # None: unclipped value loss
-    kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3"
+    kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3" (as a loss or a reward)
     # The frozen KL reference's parameters: "float32" (a copy of the policy as RL starts) or
     # "bfloat16" (half the memory a chip holds beside every program of the RL phase).
     reference_dtype: str = "float32"
     kl_clamp: float | None = None  # clamp of the per-token KL estimate
     temperature: float = 1.0  # > 0: rollouts sample (the learner divides the logits by it)
+    # RL rollouts sample the whole softmax: the learner's log-probs model no truncation, so only
+    # 1.0 and 0 are accepted (kept as fields so a config naming them keeps working).
     top_p: float = 1.0
     top_k: int = 0
     task_pool: str = "all"  # or "unseen": only train games no SFT demonstration used
@@ -283,6 +285,8 @@ class RLSection:
         )
         _number("config.rl.top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
         _integer("config.rl.top_k", self.top_k, 0)
+        _untruncated("top_p", self.top_p, 1.0)
+        _untruncated("top_k", self.top_k, 0)
         spec = kernels.get_advantage_spec(self.algo)
         if self.ratio_level not in ("auto", *kernels.RATIO_LEVELS):
             raise ConfigError(
@@ -309,6 +313,23 @@ class RLSection:
             )
         except ValueError as e:
             raise ConfigError(f"config.rl: {e}") from e
+
+
+def _untruncated(name: str, value: float, whole: float) -> None:
+    """Refuses a top-p / top-k truncation of RL rollouts, which the learner does not model.
+
+    The sampler records the log-probs of the truncated distribution, the learner computes those
+    of the full ``softmax(logits / T)``: their PPO ratio would not be against the behaviour
+    policy (and tokens outside the truncation could never be sampled but still be trained on).
+    """
+    if value != whole:
+        kind = name.replace("_", "-")
+        raise ConfigError(
+            f"config.rl.{name} is {value!r}; expected {whole!r}: the learner's log-probs do not "
+            f"model {kind} truncation, so the PPO ratio would not be against the behaviour policy "
+            "(RL rollouts sample the whole softmax of logits / config.rl.temperature; evaluation "
+            "decodes greedily)"
+        )
 
 
 def _takes_kl(name: str) -> bool:

@@ -18,8 +18,11 @@ out of every rate and mean, and counted.
 Every result says how it was measured: the split its tasks came from, the number of games, the
 decoding mode (``free``, or ``constrained`` to the env's admissible commands), the sampling
 temperature (0: greedy), the run's seed, and a 95% Wilson interval for each success rate
-(``training/stats.py``). It keeps each counted episode's outcome by task id, so two results on the
-same games (after SFT, after RL) get a paired interval for their difference
+(``training/stats.py``). Sampled evaluation plays each game several times, and a game's episodes
+are not independent: its intervals are clustered by game (Wilson's at the effective sample size,
+``stats.clustered_wilson_interval``); greedy evaluation, one episode per game, gets the plain
+Wilson interval. It keeps each counted episode's outcome by (split, task id), so two results on
+the same games (after SFT, after RL) get a paired interval for their difference
 (:func:`paired_gain`, Newcombe's method for paired data).
 
 What the agent did: ``evaluate(..., transcripts=N)`` keeps the first N episodes as text (each
@@ -64,6 +67,10 @@ class Stats:
       invalid_action_rate: share of counted steps the env flagged as invalid actions.
       truncated: counted episodes the rollout cut (max_turns or the context length), unwon.
       infra_failures: episodes lost to the actor pool, left out of the above.
+      games: distinct games, (split, task id), of the counted episodes (0: not recorded, a
+        report written before it was kept).
+      design_effect: of the success rate, the counted episodes clustered by game
+        (``stats.design_effect``): 1 with one episode per game.
     """
 
     episodes: int
@@ -74,11 +81,14 @@ class Stats:
     invalid_action_rate: float
     truncated: int
     infra_failures: int
+    games: int = 0
+    design_effect: float = 1.0
 
     @property
     def interval(self) -> tuple[float, float]:
-        """The 95% Wilson interval of ``success_rate`` (NaN without episodes)."""
-        return stats_lib.wilson_interval(self.wins, self.episodes)
+        """The 95% Wilson interval of ``success_rate`` (NaN without episodes), at the effective
+        sample size of episodes clustered by game (the plain one with one episode per game)."""
+        return stats_lib.wilson_interval(self.wins, self.episodes, design_effect=self.design_effect)
 
     @classmethod
     def of(cls, trajs: Sequence[Trajectory]) -> Stats:
@@ -87,6 +97,11 @@ class Stats:
         steps = sum(len(t.steps) for t in counted)
         invalid = sum(bool(s.info.get("invalid_action", False)) for t in counted for s in t.steps)
         wins = sum(t.won for t in counted)
+        per_game: dict[tuple[str, str], list[int]] = {}  # (split, task id) -> [wins, episodes]
+        for t in counted:
+            game = per_game.setdefault((t.task.split, t.task.id), [0, 0])
+            game[0] += bool(t.won)
+            game[1] += 1
         nan = float("nan")
         return cls(
             episodes=n,
@@ -97,6 +112,10 @@ class Stats:
             invalid_action_rate=invalid / steps if steps else nan,
             truncated=sum(t.truncated and not t.won for t in counted),
             infra_failures=len(trajs) - n,
+            games=len(per_game),
+            design_effect=stats_lib.design_effect(
+                [w for w, _ in per_game.values()], [m for _, m in per_game.values()]
+            ),
         )
 
 
@@ -114,7 +133,8 @@ class EvalResult:
     decoding: "free" or "constrained" (to the env's admissible commands); "" unknown.
     temperature: the sampling temperature (0.0: greedy).
     seed: the run's seed (the policy's), when known.
-    outcomes: (task id, won) of every counted episode, in play order: what pairs two results.
+    outcomes: (split, task id, won) of every counted episode, in play order: what pairs two
+      results (two splits may name a game alike).
     transcripts: the first episodes as markdown (``transcript``), when asked for; written beside
       the report, not part of its JSON.
     """
@@ -127,7 +147,7 @@ class EvalResult:
     decoding: str = ""
     temperature: float = 0.0
     seed: int | None = None
-    outcomes: tuple[tuple[str, bool], ...] = ()
+    outcomes: tuple[tuple[str, str, bool], ...] = ()
     transcripts: tuple[str, ...] = ()
 
     @property
@@ -149,7 +169,8 @@ class EvalResult:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> EvalResult:
         """Inverts ``to_json`` (reports kept in checkpoint metadata come back as results; those
-        written before the protocol fields existed get their defaults)."""
+        written before the protocol fields existed get their defaults, and outcomes written as
+        [task id, won], before the split was kept, the report's split)."""
         names = {f.name for f in dataclasses.fields(Stats)}
 
         def stats(d: dict[str, Any]) -> Stats:
@@ -166,7 +187,9 @@ class EvalResult:
             decoding=str(data.get("decoding", "")),
             temperature=float(data.get("temperature", 0.0)),
             seed=data.get("seed"),
-            outcomes=tuple((str(t), bool(w)) for t, w in data.get("outcomes", ())),
+            outcomes=tuple(
+                _outcome(item, str(data.get("split", ""))) for item in data.get("outcomes", ())
+            ),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -180,26 +203,37 @@ class EvalResult:
             "confidence": stats_lib.CONFIDENCE,
             "overall": _json_stats(self.overall),
             "per_type": {k: _json_stats(v) for k, v in self.per_type.items()},
-            "outcomes": [[t, int(w)] for t, w in self.outcomes],
+            "outcomes": [[split, t, int(w)] for split, t, w in self.outcomes],
         }
+
+
+def _outcome(item: Sequence[Any], split: str) -> tuple[str, str, bool]:
+    """One JSON outcome: [split, task id, won], or [task id, won] (older reports: ``split``)."""
+    if len(item) == 2:
+        task, won = item
+        return split, str(task), bool(won)
+    game_split, task, won = item
+    return str(game_split), str(task), bool(won)
 
 
 def paired_gain(before: EvalResult, after: EvalResult) -> stats_lib.PairedDifference:
     """``after - before`` success on the games both results counted, with its paired interval.
 
-    Episodes are matched by task id (the i-th episode of a task in one with the i-th in the
-    other); games only one result counted (an infrastructure failure in the other) are left out.
+    Episodes are matched by game, (split, task id) (the i-th episode of a game in one with the
+    i-th in the other); games only one result counted (an infrastructure failure in the other)
+    are left out.
     """
-    played: dict[str, list[bool]] = {}
-    for task, won in before.outcomes:
-        played.setdefault(task, []).append(won)
-    seen: dict[str, int] = {}
+    played: dict[tuple[str, str], list[bool]] = {}
+    for split, task, won in before.outcomes:
+        played.setdefault((split, task), []).append(won)
+    seen: dict[tuple[str, str], int] = {}
     pairs = []
-    for task, won in after.outcomes:
-        i = seen.get(task, 0)
-        seen[task] = i + 1
-        if i < len(played.get(task, ())):
-            pairs.append((played[task][i], won))
+    for split, task, won in after.outcomes:
+        game = (split, task)
+        i = seen.get(game, 0)
+        seen[game] = i + 1
+        if i < len(played.get(game, ())):
+            pairs.append((played[game][i], won))
     return stats_lib.paired_difference([b for b, _ in pairs], [a for _, a in pairs])
 
 
@@ -252,7 +286,9 @@ def summarize(
         decoding=decoding,
         temperature=0.0 if greedy else temperature,
         seed=seed,
-        outcomes=tuple((t.task.id, bool(t.won)) for t in trajs if not t.infra_failure),
+        outcomes=tuple(
+            (t.task.split, t.task.id, bool(t.won)) for t in trajs if not t.infra_failure
+        ),
     )
 
 
@@ -388,8 +424,17 @@ def markdown_table(result: EvalResult) -> str:
             f"| {stats_lib.fmt_interval(*s.interval)} | {_num(s.mean_steps)} "
             f"| {_num(s.mean_return, 3)} | {_pct(s.invalid_action_rate)} | {s.infra_failures} |"
         )
-    lines.append(f"\n{result.protocol}; 95% Wilson intervals.")
+    lines.append(f"\n{result.protocol}; {_interval_note([result])}.")
     return "\n".join(lines)
+
+
+def _interval_note(results: Sequence[EvalResult]) -> str:
+    """What the intervals are: Wilson's, clustered by game where a game has several episodes."""
+    clustered = [r.overall for r in results if r.overall.design_effect != 1.0]
+    if not clustered:
+        return "95% Wilson intervals"
+    counts = sorted({f"{s.episodes} episodes of {s.games} games" for s in clustered})
+    return f"95% Wilson intervals, clustered by game ({'; '.join(counts)})"
 
 
 def _gain(sft: EvalResult, rl: EvalResult) -> stats_lib.PairedDifference:
@@ -400,6 +445,11 @@ def _gain(sft: EvalResult, rl: EvalResult) -> stats_lib.PairedDifference:
         return gain
     diff = rl.success_rate - sft.success_rate
     return dataclasses.replace(gain, diff=diff, low=float("nan"), high=float("nan"))
+
+
+def _rate_json(s: Stats) -> dict[str, Any]:
+    """``stats.rate_json`` of a Stats, with its interval clustered by game."""
+    return stats_lib.rate_json(s.wins, s.episodes, design_effect=s.design_effect)
 
 
 def before_after_rows(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> list[dict[str, Any]]:
@@ -418,8 +468,8 @@ def before_after_rows(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> lis
                 "greedy": rl.greedy,
                 "temperature": rl.temperature,
                 "seed": rl.seed,
-                "after_sft": stats_lib.rate_json(sft.overall.wins, sft.overall.episodes),
-                "after_rl": stats_lib.rate_json(rl.overall.wins, rl.overall.episodes),
+                "after_sft": _rate_json(sft.overall),
+                "after_rl": _rate_json(rl.overall),
                 "gain": gain.to_json(),
                 # Episodes lost to the actor pool, left out of every rate above.
                 "infra_failures": {
@@ -467,9 +517,10 @@ def before_after_table(rows: Sequence[tuple[str, EvalResult, EvalResult]]) -> st
             f"| {sft.overall.infra_failures} / {rl.overall.infra_failures} |"
         )
     protocols = sorted({r.protocol for _, sft, rl in rows for r in (sft, rl)})
+    results = [r for _, sft, rl in rows for r in (sft, rl)]
     lines.append(
-        f"\n{'; '.join(protocols)}. 95% Wilson intervals; the gain's interval is Newcombe's "
-        "for paired outcomes on the same games."
+        f"\n{'; '.join(protocols)}. {_interval_note(results)}; the gain's interval is "
+        "Newcombe's for paired outcomes on the same games."
     )
     return "\n".join(lines)
 

@@ -9,8 +9,10 @@ truncated episode's final observation, and GAE bootstraps from the critic's valu
 Step-wise mode: one row per step, but credit is assigned per trajectory: a step-level Batch with
 one pseudo-token per step (loss mask = step mask, step id = the step) gives ``Advantages.steps``
 [B, S] (or token advantages over pseudo-tokens, the same numbers), and each step row's action
-tokens receive its step's advantage. Critic-based estimators need the episode mode (config
-validation enforces it).
+tokens receive its step's advantage. A KL reward penalty (``kl=``, [R, T] over the rows) enters
+each pseudo-token as the sum of its step's action-token KL (:func:`step_kl`): the step loses
+``kl_coef`` times the KL the token-level estimators subtract over that action in episode mode.
+Critic-based estimators need the episode mode (config validation enforces it).
 """
 
 from __future__ import annotations
@@ -121,6 +123,10 @@ def advantages(
 
     With ``values``, rows built with ``bootstrap=True`` give the kernels the critic's value of
     the state after a truncated episode's last action (0 for terminal episodes).
+
+    ``kl`` ([R, T], read on action tokens only) is the per-token KL reward penalty of an estimator
+    registered with ``kl_reward=True``: per token in whole-episode rows, per step (the sum over
+    the step's action tokens, :func:`step_kl`) in step-wise rows.
     """
     spec = kernels.get_advantage_spec(algo)
     rows, arrays = rl.rows, rl.arrays
@@ -159,12 +165,38 @@ def advantages(
         group_ids=arrays.group_ids,
         state_keys=arrays.state_keys,
     )
-    out = spec.fn(batch, config)
+    step_penalty = None if kl is None else step_kl(rl, kl, step_mask.shape)
+    out = spec.fn(batch, config, kl=step_penalty)
     step_adv = np.asarray(out.steps if out.steps is not None else out.tokens)
     real = rows.traj_index >= 0
     per_row = np.zeros(rows.tokens.shape[0], np.float32)
     per_row[real] = step_adv[rows.traj_index[real], rl.step_of_row[real]]
     return per_row[:, None] * rows.loss_mask, None
+
+
+def step_kl(rl: RLRows, kl: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """[B, S] float32: each step's KL, the sum of ``kl`` over its step row's action tokens.
+
+    Step-wise rows' KL reward penalty: one pseudo-token per step carries what the token-level
+    estimators spread over the action's tokens (0 on padded steps).
+
+    Args:
+      rl: step-wise rows (``build_rows(..., "step", ...)``).
+      kl: [R, T] per-token KL of the rows (positions off the loss mask are ignored).
+      shape: (B, S), the trajectories' step arrays.
+    """
+    rows = rl.rows
+    kl = np.asarray(kl)
+    if kl.shape != rows.loss_mask.shape:
+        raise ValueError(
+            f"rl_batch.advantages: kl is of shape {kl.shape}; expected the rows' shape "
+            f"{rows.loss_mask.shape} (a per-token KL of every row)"
+        )
+    per_row = np.sum(np.where(rows.loss_mask > 0, kl, 0.0), axis=1, dtype=np.float64)
+    real = rows.traj_index >= 0
+    out = np.zeros(shape, np.float64)
+    np.add.at(out, (rows.traj_index[real], rl.step_of_row[real]), per_row[real])
+    return out.astype(np.float32)
 
 
 def _pad_to(x: np.ndarray, shape) -> np.ndarray:

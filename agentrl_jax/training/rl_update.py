@@ -113,8 +113,12 @@ class RLUpdate:
             mismatch = float(np.abs(old - rows.old_logprobs)[on].max())
             metrics = {"rollout/logprob_mismatch": mismatch}
             kl = None
-            if rl.kl_mode == "reward" and ref is not None:
-                kl = np.asarray(kernels.kl_penalty(old, ref, rows.loss_mask, clamp=rl.kl_clamp))
+            if rl.kl_mode == "reward" and ref is not None:  # the estimator the loss mode uses
+                kl = np.asarray(
+                    kernels.kl_penalty(
+                        old, ref, rows.loss_mask, kind=rl.kl_estimator, clamp=rl.kl_clamp
+                    )
+                )
             adv, returns = rl_batch.advantages(
                 rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
             )

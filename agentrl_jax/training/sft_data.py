@@ -26,7 +26,8 @@ Order: grain shuffles the examples with the seed, a fresh permutation each epoch
 epoch e's permutation from ``seed + e``); batches never straddle two epochs, so every epoch sees
 every example exactly once. With ``group_by_length=W`` each window of W batches' worth of
 shuffled examples is sorted by length before it is cut into batches, and the epoch's batches are
-then shuffled (numpy, seeded by (seed, epoch)): much less padding, still a random order.
+then shuffled (numpy, the seed's SFT-epoch stream, ``rng_streams.SFT_EPOCH``): much less padding,
+still a random order.
 
 Resuming: the pipeline is index-based (``grain.MapDataset``; batch i is a pure function of the
 seed and i), so an iterator's state is just the next batch index: ``get_state()`` /
@@ -45,6 +46,7 @@ import grain
 import numpy as np
 
 from agentrl_jax.sampling import buckets as bk
+from agentrl_jax.training import rng_streams
 from agentrl_jax.training.trajectory import Trajectory, episode_rows, step_rows
 
 CONTEXT_MODES = ("episode", "step")
@@ -310,7 +312,7 @@ class SftDataset:
         plan = self._plans.get(epoch)
         if plan is None:
             cfg = self.config
-            rng = np.random.default_rng([cfg.seed, epoch])
+            rng = rng_streams.numpy_rng(cfg.seed, rng_streams.SFT_EPOCH, epoch)
             n, b = len(self.examples), cfg.batch_size
             order = rng.permutation(n) if cfg.shuffle else np.arange(n)
             window = b * cfg.group_by_length

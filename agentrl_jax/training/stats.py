@@ -1,12 +1,21 @@
 """Confidence intervals for the numbers the reports and studies print.
 
     wilson_interval(77, 100)                  # (0.6804, 0.8407): one success rate
+    clustered_wilson_interval(wins, episodes) # the same, several episodes per game
     paired_difference(before, after)          # after - before on the same games, Newcombe
     t_interval([0.55, 0.62, 0.48])            # mean across seeds, Student t
 
 - **One success rate** (k wins in n games): the Wilson score interval (Wilson 1927). Unlike the
   normal approximation it stays inside [0, 1] and keeps its coverage near 0% and 100% (0/10 gives
   [0, 27.8%], not [0, 0]).
+- **Several episodes per game** (sampled evaluation plays each game G times): a game's
+  episodes are alike (an easy game is won in most of them), so they are worth fewer than G
+  independent ones. The rate is still wins / episodes, but its Wilson interval is taken at the
+  effective sample size n / deff (Kish 1965), with deff the design effect of the games as
+  clusters: the ratio estimator's variance over games, sum_i (w_i - p n_i)^2 / n^2, against the
+  binomial p (1 - p) / n, never below 1. With one episode per game it is exactly 1 (the plain
+  Wilson interval); when every game's episodes agree it is n / k, the Wilson interval of the
+  k games.
 - **Two rates on the same games** (before/after RL, free/constrained): Newcombe's method 10 for
   paired data (Newcombe 1998, Statistics in Medicine 17:2635, "square and add" of the two Wilson
   intervals with the correlation of the paired outcomes, corrected as in Fagerland, Lydersen and
@@ -44,29 +53,93 @@ def _counts(wins: int, n: int) -> None:
         raise ValueError(f"wins={wins}, n={n}: expected 0 <= wins <= n")
 
 
-def wilson_interval(wins: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
+def wilson_interval(
+    wins: int, n: int, confidence: float = CONFIDENCE, *, design_effect: float = 1.0
+) -> tuple[float, float]:
     """The Wilson score interval of a success rate.
 
     Args:
       wins: successes, 0 <= wins <= n.
       n: trials (games); 0 gives (nan, nan).
       confidence: the two-sided level.
+      design_effect: >= 1; the interval of ``wins / n`` at the effective sample size
+        ``n / design_effect`` (correlated trials: see :func:`design_effect`). 1 is the plain
+        Wilson interval.
 
     Returns:
       (low, high), within [0, 1].
     """
     _counts(wins, n)
     z = _z(confidence)
+    if isinstance(design_effect, bool) or not (
+        isinstance(design_effect, (int, float)) and 1.0 <= design_effect < math.inf
+    ):
+        raise ValueError(f"design_effect={design_effect!r}; expected a number >= 1 (1: none)")
     if n == 0:
         return float("nan"), float("nan")
     p = wins / n
-    denom = 1.0 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+    # The effective sample size (the rate stays wins / n); n itself without a design effect.
+    m = n if design_effect == 1.0 else n / design_effect
+    denom = 1.0 + z * z / m
+    center = (p + z * z / (2 * m)) / denom
+    half = z / denom * math.sqrt(p * (1 - p) / m + z * z / (4 * m * m))
     # At 0 or n wins one bound is exactly the observed rate; rounding must not push it past.
     low = 0.0 if wins == 0 else max(0.0, center - half)
     high = 1.0 if wins == n else min(1.0, center + half)
     return low, high
+
+
+def design_effect(wins: Sequence[int], episodes: Sequence[int]) -> float:
+    """Kish's design effect of a success rate measured over games of several episodes each.
+
+    With w_i wins in n_i episodes of game i (k games, n = sum n_i, p = sum w_i / n)::
+
+        deff = max(1, [sum_i (w_i - p n_i)^2 / n^2] / [p (1 - p) / n])
+
+    the ratio estimator's variance over games (clusters) against the binomial variance of n
+    independent episodes. It is exactly 1 with one episode per game. Where the games cannot show
+    how alike their episodes are (a single game, or p of 0 or 1) it is n / k: each game counts
+    as one observation, as if its episodes all agreed.
+
+    Args:
+      wins: wins per game.
+      episodes: counted episodes per game (each >= 1), in the same order.
+
+    Returns:
+      The design effect, >= 1 (1 without games).
+    """
+    if len(wins) != len(episodes):
+        raise ValueError(
+            f"design_effect: {len(wins)} wins counts but {len(episodes)} episode counts; "
+            "expected one of each per game"
+        )
+    for w, m in zip(wins, episodes):
+        _counts(w, m)
+    k, n, total = len(episodes), sum(episodes), sum(wins)
+    if n == k:  # one episode per game (or none): independent episodes
+        return 1.0
+    if k < 2 or total in (0, n):
+        return n / k
+    p = total / n
+    between = sum((w - p * m) ** 2 for w, m in zip(wins, episodes)) / (n * n)
+    return max(1.0, between / (p * (1.0 - p) / n))
+
+
+def clustered_wilson_interval(
+    wins: Sequence[int], episodes: Sequence[int], confidence: float = CONFIDENCE
+) -> tuple[float, float]:
+    """The Wilson interval of ``sum(wins) / sum(episodes)`` with episodes clustered by game.
+
+    Args:
+      wins, episodes: per game, as :func:`design_effect` reads them.
+      confidence: the two-sided level.
+
+    Returns:
+      (low, high): :func:`wilson_interval` at the effective sample size; exactly the plain
+      Wilson interval with one episode per game.
+    """
+    deff = design_effect(wins, episodes)
+    return wilson_interval(sum(wins), sum(episodes), confidence, design_effect=deff)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,9 +248,12 @@ def t_interval(
     return mean, mean - half, mean + half
 
 
-def rate_json(wins: int, n: int, confidence: float = CONFIDENCE) -> dict:
-    """``{"wins", "n", "rate", "low", "high"}`` of a success rate (nulls when n is 0)."""
-    low, high = wilson_interval(wins, n, confidence)
+def rate_json(
+    wins: int, n: int, confidence: float = CONFIDENCE, *, design_effect: float = 1.0
+) -> dict:
+    """``{"wins", "n", "rate", "low", "high"}`` of a success rate (nulls when n is 0); the
+    interval is :func:`wilson_interval`'s with ``design_effect``."""
+    low, high = wilson_interval(wins, n, confidence, design_effect=design_effect)
     rate = wins / n if n else float("nan")
     out = {"wins": wins, "n": n, "rate": rate, "low": low, "high": high}
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in out.items()}
@@ -193,6 +269,8 @@ def fmt_interval(low: float, high: float, scale: float = 100.0, digits: int = 1)
 __all__ = [
     "CONFIDENCE",
     "PairedDifference",
+    "clustered_wilson_interval",
+    "design_effect",
     "fmt_interval",
     "paired_difference",
     "rate_json",

@@ -315,8 +315,12 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
                 "temperature": a.temperature,
                 "seed": a.seed,
             },
-            "after_sft": stats_lib.rate_json(b.overall.wins, b.overall.episodes),
-            "final": stats_lib.rate_json(a.overall.wins, a.overall.episodes),
+            "after_sft": stats_lib.rate_json(
+                b.overall.wins, b.overall.episodes, design_effect=b.overall.design_effect
+            ),
+            "final": stats_lib.rate_json(
+                a.overall.wins, a.overall.episodes, design_effect=a.overall.design_effect
+            ),
             "gain": evaluation.paired_gain(b, a).to_json(),
         }
     scalars = read_scalars(os.path.join(run_dir, "tensorboard"))

@@ -44,7 +44,15 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import chaos, envrl_data, multihost, paths, sft_data, workdir_config
+from agentrl_jax.training import (
+    chaos,
+    envrl_data,
+    multihost,
+    paths,
+    rng_streams,
+    sft_data,
+    workdir_config,
+)
 from agentrl_jax.training import evaluate as evaluation
 from agentrl_jax.training.chat import get_template
 from agentrl_jax.training.checkpoint import Checkpointer
@@ -586,7 +594,7 @@ class Trainer:
     def demonstration_tasks(self) -> list[Task]:
         """The train tasks of the SFT demonstrations, drawn from the curriculum's first stage."""
         cfg = self.config
-        np_rng = np.random.default_rng([cfg.seed, 7])
+        np_rng = rng_streams.numpy_rng(cfg.seed, rng_streams.DEMONSTRATIONS)
         levels = Curriculum(cfg.curriculum).sample_levels(self.budget.num_demos, np_rng)
         return [self.train_tasks[lv][i % len(self.train_tasks[lv])] for i, lv in enumerate(levels)]
 
@@ -749,7 +757,7 @@ class Trainer:
         """One iteration: pick tasks, roll out, assign credit, update. Returns its metrics."""
         cfg, rl = self.config, self.config.rl
         rng = jax.random.fold_in(jax.random.key(cfg.seed), 1_000_000 + it)
-        np_rng = np.random.default_rng([cfg.seed, it])
+        np_rng = rng_streams.numpy_rng(cfg.seed, rng_streams.RL_ITERATION, it)
         levels = self.curriculum.sample_levels(rl.tasks_per_iteration, np_rng)
         tasks = [self.rl_tasks[lv][np_rng.integers(len(self.rl_tasks[lv]))] for lv in levels]
 
