@@ -68,6 +68,7 @@ with open(SNAPSHOT) as _f:
             "env.num_report_tasks": REPORT_TASKS.get(spec, 200),
             "env.num_transcripts": 3,
             "watchdog_s": 0.0,
+            "compile_cache": "",  # issue #30: the persistent compilation cache's folder
             "rl.reference_dtype": "float32",
             **TUNED.get(spec, {}),
         }

@@ -15,7 +15,7 @@ last, which also evaluates on the valid games.
   weights, written once by ``save_hf_checkpoint`` in bfloat16, with a byte-level BPE tokenizer
   trained here on the games' text (Qwen's special tokens, ChatML): nothing is downloaded. The
   run loads it as a user's checkpoint (``model.checkpoint``), computes in bfloat16 with scanned,
-  rematerialised layers, microbatches of 8, and the ``qwen`` chat template.
+  rematerialised layers, microbatches of 8, and the checkpoint's own (ChatML) chat template.
 - ``--quick``: the ``:test`` config, 3 iterations, a 1-layer checkpoint of the tiny preset: the
   plumbing, in the test suite.
 
@@ -88,7 +88,7 @@ def bench_config(spec: Spec):
         cd.env.update(num_train_tasks=64, eval_levels=("simple",), num_eval_tasks=16)
         cd.env.num_report_tasks = 0
     if spec.checkpoint:
-        cd.model.update(checkpoint=spec.checkpoint, template="qwen")
+        cd.model.update(checkpoint=spec.checkpoint, template="checkpoint")  # its own ChatML
         if not spec.quick:
             cd.model.update(dtype="bfloat16", remat="full", scan_layers=True)
             cd.rl.microbatch_size = 8
