@@ -46,11 +46,11 @@ from etils import epath
 from ml_collections import config_flags
 
 from agentrl_jax import compile_cache
+from agentrl_jax.experiments import evaluate as evaluation
+from agentrl_jax.run import cli, logs, paths, workdir_config
+from agentrl_jax.run.checkpoint import CheckpointWriteError
+from agentrl_jax.run.config import ConfigError, from_config_dict
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli, logs, paths, workdir_config
-from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training.checkpoint import CheckpointWriteError
-from agentrl_jax.training.config import ConfigError, from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and reports go.")
@@ -115,8 +115,8 @@ def main(argv):
     if changes:
         logging.warning("config changed since the workdir's last run: %s", changes)
 
-    from agentrl_jax.training.multihost import DisagreementError
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.run.multihost import DisagreementError
+    from agentrl_jax.run.trainer import Trainer
 
     try:
         trainer = Trainer(config, _WORKDIR.value)

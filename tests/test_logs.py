@@ -9,7 +9,7 @@ import pytest
 from absl import logging as absl_logging
 from absl.testing import flagsaver
 
-from agentrl_jax.training import logs, trainer
+from agentrl_jax.run import logs, trainer
 
 
 def _record(pathname: str, level: int = logging.INFO) -> logging.LogRecord:
