@@ -1,4 +1,4 @@
-"""The chunked LM head (training/lm_head.py) against the full [B, T, V] logits formulas.
+"""The chunked LM head (rl/lm_head.py) against the full [B, T, V] logits formulas.
 
 The reference is the learner's former path, kept here as the independent check: the policy's
 full logits, divided by the temperature, masked by ``mask_to_allowed`` (a [B, T, V] scatter),

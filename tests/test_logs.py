@@ -1,4 +1,4 @@
-"""Which records reach the console and which only the log file (training/logs.py); the whole
+"""Which records reach the console and which only the log file (run/logs.py); the whole
 path, a real run's console and its WORKDIR/logs/train.log, is checked in tests/test_train.py."""
 
 import logging

@@ -1,4 +1,4 @@
-"""``training/rl_batch.py``: the advantages of step-wise rows against plain numpy references."""
+"""``rl/rl_batch.py``: the advantages of step-wise rows against plain numpy references."""
 
 import os
 
