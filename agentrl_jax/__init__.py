@@ -16,7 +16,7 @@ that builds a Trainer (or an ActorPool) at import time would run again in every 
 pool's error names this). Notebooks and ``python -c`` need no block.
 
 Everything not listed in ``__all__`` is internal and may change without notice, including the
-subpackages' own modules (``agentrl_jax.training.learner``, ``agentrl_jax.envs.actors``, ...);
+subpackages' own modules (``agentrl_jax.rl.learner``, ``agentrl_jax.envs.actors``, ...);
 the ``kernels`` namespace is public as a whole (its own ``__all__``). Names are imported lazily
 (PEP 562), so ``import agentrl_jax`` does not import JAX; the first use of a name imports its
 module.
@@ -81,12 +81,12 @@ __version__ = "0.1.0"
 # name -> (module, attribute in it); attribute None: the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     # Training and configuration.
-    "Trainer": ("agentrl_jax.training.trainer", "Trainer"),
-    "RunConfig": ("agentrl_jax.training.config", "RunConfig"),
-    "ConfigError": ("agentrl_jax.training.config", "ConfigError"),
-    "base_config": ("agentrl_jax.training.defaults", "base_config"),
-    "load_config_file": ("agentrl_jax.training.config", "load_config_file"),
-    "from_config_dict": ("agentrl_jax.training.config", "from_config_dict"),
+    "Trainer": ("agentrl_jax.run.trainer", "Trainer"),
+    "RunConfig": ("agentrl_jax.run.config", "RunConfig"),
+    "ConfigError": ("agentrl_jax.run.config", "ConfigError"),
+    "base_config": ("agentrl_jax.run.defaults", "base_config"),
+    "load_config_file": ("agentrl_jax.run.config", "load_config_file"),
+    "from_config_dict": ("agentrl_jax.run.config", "from_config_dict"),
     # Credit assignment and losses.
     "kernels": ("agentrl_jax.kernels", None),
     "register_advantage_estimator": ("agentrl_jax.kernels", "register_advantage_estimator"),
@@ -117,10 +117,10 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "make_env": ("agentrl_jax.envs.registry", "make_env"),
     "register_env": ("agentrl_jax.envs.registry", "register"),
     "env_names": ("agentrl_jax.envs.registry", "names"),
-    "make_tasks": ("agentrl_jax.training.tasks", "make_tasks"),
-    "evaluate": ("agentrl_jax.training.evaluate", "evaluate"),
-    "read_scalars": ("agentrl_jax.training.tensorboard", "read_scalars"),
-    "plot_learning_curve": ("agentrl_jax.training.evaluate", "plot_learning_curve"),
+    "make_tasks": ("agentrl_jax.rollout.tasks", "make_tasks"),
+    "evaluate": ("agentrl_jax.experiments.evaluate", "evaluate"),
+    "read_scalars": ("agentrl_jax.run.tensorboard", "read_scalars"),
+    "plot_learning_curve": ("agentrl_jax.experiments.evaluate", "plot_learning_curve"),
 }
 
 __all__ = list(_EXPORTS)

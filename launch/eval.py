@@ -28,10 +28,10 @@ import ml_collections
 from absl import app, flags
 
 from agentrl_jax import compile_cache
-from agentrl_jax.training import cli, logs
-from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training.config import ConfigError, from_config_dict
-from agentrl_jax.training.tasks import HELD_OUT_SPLITS
+from agentrl_jax.experiments import evaluate as evaluation
+from agentrl_jax.rollout.tasks import HELD_OUT_SPLITS
+from agentrl_jax.run import cli, logs
+from agentrl_jax.run.config import ConfigError, from_config_dict
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (from launch.train).")
 _ENV = flags.DEFINE_string("env", None, "Env family; must match the run's (default: the run's).")
@@ -91,7 +91,7 @@ def main(argv):
         cli.fail(f"config error: {e}")
     compile_cache.enable(config.compile_cache)  # before anything compiles
 
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.run.trainer import Trainer
 
     trainer = Trainer(config, workdir)
     try:

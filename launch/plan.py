@@ -6,7 +6,7 @@ r"""The memory plan of a run, before renting the devices: per program, per devic
 Compiles ahead of time, on ``--devices`` fake CPU devices laid out as ``config.mesh``, every
 program a run of the config executes (sampler turn, SFT step, scoring, RL update) with abstract
 inputs, no parameter allocated; prints a table of XLA's per-device memory analysis and the
-largest program, and writes the JSON (``agentrl_jax.training.plan``). The model is the
+largest program, and writes the JSON (``agentrl_jax.experiments.plan``). The model is the
 checkpoint's config.json when ``--config.model.checkpoint`` is given (no weights are read), else
 ``config.model.preset``. ``--local_devices=L`` plans a multi-host layout of hosts with L devices
 each: the learner's programs on the whole mesh, the sampler's turn on one host's copy.
@@ -38,8 +38,8 @@ import math  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from agentrl_jax.training import cli  # noqa: E402
-from agentrl_jax.training.config import ConfigError, from_config_dict  # noqa: E402
+from agentrl_jax.run import cli  # noqa: E402
+from agentrl_jax.run.config import ConfigError, from_config_dict  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", None, "Fake CPU devices to plan for (the mesh's size).")
@@ -75,7 +75,7 @@ def main(argv):
     except ConfigError as e:
         cli.fail(f"config error: {e}")
 
-    from agentrl_jax.training import plan
+    from agentrl_jax.experiments import plan
 
     programs = tuple(_PROGRAMS.value) if _PROGRAMS.value else None
     unknown = sorted(set(programs or ()) - set(plan.PROGRAMS))

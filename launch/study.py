@@ -16,15 +16,15 @@ cell continues from its last checkpoint. Writes ``WORKDIR/results.json``, ``resu
 - ``--variants=grpo,ppo`` runs only those variants' cells (the results cover every finished cell,
   so a study can be run a few variants at a time into one workdir).
 
-The study file format: ``agentrl_jax/training/study.py``. Each cell's console output is its
+The study file format: ``agentrl_jax/experiments/study.py``. Each cell's console output is its
 ``train.log`` (its library logs: ``run/logs/train.log``); the study's own library logs go to
 ``WORKDIR/logs/study.log``.
 """
 
 from absl import app, flags
 
-from agentrl_jax.training import cli, logs
-from agentrl_jax.training import study as study_lib
+from agentrl_jax.experiments import study as study_lib
+from agentrl_jax.run import cli, logs
 
 _STUDY = flags.DEFINE_string("study", None, "A configs/studies/NAME.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the cells and the results go.")

@@ -9,7 +9,7 @@ critic, a mesh that does not divide the devices: a clear error listing the valid
 Rerunning the same command with the same workdir resumes from the last checkpoint. A rerun whose
 config differs from the workdir's ``config.json`` in anything that changes the run stops with an
 error naming the fields (``--allow_config_change`` accepts the change on purpose and records it
-in ``config_changes.jsonl``; see ``training/workdir_config.py``). A checkpoint that cannot be
+in ``config_changes.jsonl``; see ``run/workdir_config.py``). A checkpoint that cannot be
 written (disk full, read-only workdir) stops the run with an error naming its path; the previous
 checkpoint stays restorable.
 
@@ -27,14 +27,14 @@ At start the processes all-gather a fingerprint of their resolved config, code, 
 tokenizer vocabulary, and stop (every one of them, status 2) with an error naming what differs.
 ``--init_timeout_s`` and ``--heartbeat_timeout_s`` bound how long processes wait for each other
 to start and for a silent one; ``config.watchdog_s`` ends a process whose RL iteration, SFT
-epoch, evaluation or checkpoint runs past a limit (``training/watchdog.py``).
+epoch, evaluation or checkpoint runs past a limit (``run/watchdog.py``).
 Only process 0 writes the config, the reports and info logs; the workdir must be a filesystem
 every host sees (checkpoints are written there by all processes through orbax).
 
 The console shows the phases, progress bars with their ETA, one summary line per RL iteration
 and the final table; every log record, the libraries' INFO logs included (orbax, JAX), goes to
 ``WORKDIR/logs/train.log`` (``train.p<i>.log`` for process i > 0). ``--alsologtostderr`` (or an
-explicit ``--verbosity``) shows them on the console again (``training/logs.py``).
+explicit ``--verbosity``) shows them on the console again (``run/logs.py``).
 """
 
 import json
@@ -46,11 +46,11 @@ from etils import epath
 from ml_collections import config_flags
 
 from agentrl_jax import compile_cache
+from agentrl_jax.experiments import evaluate as evaluation
+from agentrl_jax.run import cli, logs, paths, workdir_config
+from agentrl_jax.run.checkpoint import CheckpointWriteError
+from agentrl_jax.run.config import ConfigError, from_config_dict
 from agentrl_jax.sharding import maybe_initialize_distributed
-from agentrl_jax.training import cli, logs, paths, workdir_config
-from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training.checkpoint import CheckpointWriteError
-from agentrl_jax.training.config import ConfigError, from_config_dict
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and reports go.")
@@ -115,8 +115,8 @@ def main(argv):
     if changes:
         logging.warning("config changed since the workdir's last run: %s", changes)
 
-    from agentrl_jax.training.multihost import DisagreementError
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.run.multihost import DisagreementError
+    from agentrl_jax.run.trainer import Trainer
 
     try:
         trainer = Trainer(config, _WORKDIR.value)

@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.join(REPO, "tests"))
 from agentrl_jax import sharding  # noqa: E402
 from agentrl_jax.envs.actors import StepResult  # noqa: E402
 from agentrl_jax.envs.base import Observation, Task  # noqa: E402
-from agentrl_jax.training import multihost  # noqa: E402
+from agentrl_jax.run import multihost  # noqa: E402
 
 COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
@@ -94,8 +94,8 @@ def tiny_sampler(texts, tokenizer_dir):
 
     from agentrl_jax.models import Qwen2ForCausalLM, preset
     from agentrl_jax.models.tokenizer import build_tokenizer
+    from agentrl_jax.rollout.chat import get_template
     from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
-    from agentrl_jax.training.chat import get_template
 
     tok = build_tokenizer(list(texts) * 10, 300, tokenizer_dir)
     cfg = preset(
@@ -114,7 +114,7 @@ def tiny_sampler(texts, tokenizer_dir):
 
 def worker_parts(tokenizer_dir, capacity: int = 2):
     """(pool, sampler, tokenizer, template, rollout config) of a tiny rollout worker."""
-    from agentrl_jax.training.rollout import RolloutConfig
+    from agentrl_jax.rollout.rollout import RolloutConfig
 
     sampler, tok, template = tiny_sampler(["a room | look | Goal: win"], tokenizer_dir)
     config = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=4, max_seq_len=256)
@@ -131,8 +131,8 @@ def play() -> None:
     process must play its even share of each, and the gathered result must be one process's."""
     import tempfile
 
-    from agentrl_jax.training import evaluate
-    from agentrl_jax.training.rollout import RolloutWorker
+    from agentrl_jax.experiments import evaluate
+    from agentrl_jax.rollout.rollout import RolloutWorker
 
     parts = worker_parts(tempfile.mkdtemp(), capacity=8)
     pool = parts[0]
@@ -213,8 +213,8 @@ def agree() -> None:
     import train_cli
 
     from agentrl_jax.envs.base import Task
-    from agentrl_jax.training.config import from_config_dict
-    from agentrl_jax.training.trainer import Trainer
+    from agentrl_jax.run.config import from_config_dict
+    from agentrl_jax.run.trainer import Trainer
 
     def fingerprint(differ: bool):
         config = from_config_dict(train_cli.tiny_config(rl=dict(actor_lr=2e-4 if differ else 1e-4)))
@@ -231,7 +231,7 @@ def agree() -> None:
         out = Trainer._fingerprint(trainer)
         out["tokenizer"] = Trainer._tokenizer_fingerprint(trainer)
         if differ:
-            out["code"]["agentrl_jax/training/trainer.py"] = "0" * 16
+            out["code"]["agentrl_jax/run/trainer.py"] = "0" * 16
         return out
 
     multihost.check_agreement(fingerprint(differ=False))

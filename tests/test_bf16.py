@@ -20,9 +20,9 @@ import pytest
 from flax import nnx
 
 from agentrl_jax.models import Qwen2ForCausalLM
+from agentrl_jax.rl.learner import Learner
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL
-from agentrl_jax.training.learner import Learner
 
 CFG = SMALL
 UNIT = 2.0**-8  # bfloat16's relative rounding step

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from agentrl_jax.training.budget import from_config, split_budget
+from agentrl_jax.run.budget import from_config, split_budget
 
 
 @pytest.mark.parametrize(

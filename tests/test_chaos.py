@@ -19,17 +19,17 @@ from train_cli import tiny_config
 
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
+from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.models import Qwen2ForCausalLM
 from agentrl_jax.models.tokenizer import build_tokenizer
+from agentrl_jax.rl import rl_batch
+from agentrl_jax.rl.rl_update import RLUpdate
+from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.curriculum import Curriculum
+from agentrl_jax.rollout.rollout import RolloutWorker
+from agentrl_jax.run.config import from_config_dict
+from agentrl_jax.run.trainer import Trainer, model_config, rl_learner, rl_sampling
 from agentrl_jax.sampling import Sampler, StopConfig
-from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training import rl_batch
-from agentrl_jax.training.chat import get_template
-from agentrl_jax.training.config import from_config_dict
-from agentrl_jax.training.curriculum import Curriculum
-from agentrl_jax.training.rl_update import RLUpdate
-from agentrl_jax.training.rollout import RolloutWorker
-from agentrl_jax.training.trainer import Trainer, model_config, rl_learner, rl_sampling
 
 STEP_TIMEOUT_S = 1.0
 # One task per level of the curriculum's stage (sample_levels keeps its exact proportions): two

@@ -18,10 +18,10 @@ import pytest
 
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.training import chat_checkpoint as cc
-from agentrl_jax.training.chat import TEMPLATES, get_template
-from agentrl_jax.training.config import ConfigError, from_config_dict
-from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker, render_observation
+from agentrl_jax.rollout import chat_checkpoint as cc
+from agentrl_jax.rollout.chat import TEMPLATES, get_template
+from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
+from agentrl_jax.run.config import ConfigError, from_config_dict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import tiny_textworld  # noqa: E402

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from agentrl_jax.training.checkpoint import Checkpointer, CheckpointWriteError
+from agentrl_jax.run.checkpoint import Checkpointer, CheckpointWriteError
 
 
 def _state(seed: int):
@@ -228,7 +228,7 @@ def test_missing_or_misnamed_frozen_item_fails_naming_it(tmp_path):
 
 
 def test_paths_leave_urls_unchanged():
-    from agentrl_jax.training import paths
+    from agentrl_jax.run import paths
 
     assert paths.is_url("gs://bucket/runs/x") and paths.is_url("s3://b/k")
     assert not paths.is_url("runs/x") and not paths.is_url("/abs/gs://x")

@@ -7,7 +7,7 @@ import sys
 import pytest
 from train_cli import REPO, train_cmd
 
-from agentrl_jax.training import cli
+from agentrl_jax.run import cli
 
 
 def run(*extra, workdir):
@@ -44,7 +44,7 @@ def _eval(workdir, *flags):
 
 
 def test_eval_flags_end_in_one_line(tmp_path):
-    from agentrl_jax.training.config import load_config_file
+    from agentrl_jax.run.config import load_config_file
 
     cd = load_config_file(os.path.join(REPO, "configs", "tiny_textworld.py:smoke"))
     cd.env.kwargs.admissible_commands = False  # an env that lists no commands

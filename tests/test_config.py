@@ -11,10 +11,10 @@ import pytest
 
 from agentrl_jax import kernels
 from agentrl_jax.kernels import registry
-from agentrl_jax.training import config as config_lib
-from agentrl_jax.training import defaults
-from agentrl_jax.training.config import ConfigError, base_config, from_config_dict
-from agentrl_jax.training.rollout import RolloutConfig
+from agentrl_jax.rollout.rollout import RolloutConfig
+from agentrl_jax.run import config as config_lib
+from agentrl_jax.run import defaults
+from agentrl_jax.run.config import ConfigError, base_config, from_config_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)

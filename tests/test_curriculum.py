@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from agentrl_jax.training.curriculum import Curriculum, CurriculumConfig
+from agentrl_jax.rollout.curriculum import Curriculum, CurriculumConfig
 
 
 def test_mixture_proportions_are_exact():

@@ -12,9 +12,9 @@ from agentrl_jax import kernels
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.textworld_env import TextWorldEnv
 from agentrl_jax.models.tokenizer import build_tokenizer
-from agentrl_jax.training import envrl_data
-from agentrl_jax.training.chat import get_template
-from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker, render_observation
+from agentrl_jax.rl import envrl_data
+from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
 
 # The raw TextWorld engine warns that Jericho cannot track these games' score.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not fully supported")

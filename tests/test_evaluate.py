@@ -12,8 +12,8 @@ from multihost_worker import tiny_sampler
 
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.training import stats as stats_lib
-from agentrl_jax.training.evaluate import (
+from agentrl_jax.experiments import stats as stats_lib
+from agentrl_jax.experiments.evaluate import (
     EvalResult,
     before_after_rows,
     before_after_table,
@@ -27,9 +27,9 @@ from agentrl_jax.training.evaluate import (
     transcript,
     write_report,
 )
-from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
-from agentrl_jax.training.tensorboard import SummaryWriter, read_scalars
-from agentrl_jax.training.trajectory import Step, Trajectory
+from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker
+from agentrl_jax.rollout.trajectory import Step, Trajectory
+from agentrl_jax.run.tensorboard import SummaryWriter, read_scalars
 
 ALF_ID = "pick_two_obj_and_place-Pen-None-Desk-310/trial_T20190908_174617_548640"
 

@@ -9,7 +9,7 @@ from flax import nnx
 
 from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
-from agentrl_jax.training.learner import Learner, LossWeights, token_logprobs
+from agentrl_jax.rl.learner import Learner, LossWeights, token_logprobs
 
 CFG = preset(
     "tiny",

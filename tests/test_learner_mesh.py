@@ -15,7 +15,7 @@ import pytest
 from agentrl_jax import sharding
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
-from agentrl_jax.training.learner import Learner
+from agentrl_jax.rl.learner import Learner
 
 CFG = TEST_CONFIG.replace(num_layers=1)
 B, T, D = 16, 32, CFG.hidden_size

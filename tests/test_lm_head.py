@@ -1,4 +1,4 @@
-"""The chunked LM head (training/lm_head.py) against the full [B, T, V] logits formulas.
+"""The chunked LM head (rl/lm_head.py) against the full [B, T, V] logits formulas.
 
 The reference is the learner's former path, kept here as the independent check: the policy's
 full logits, divided by the temperature, masked by ``mask_to_allowed`` (a [B, T, V] scatter),
@@ -18,14 +18,14 @@ from flax import nnx
 from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.models.testing import random_model
-from agentrl_jax.training.learner import (
+from agentrl_jax.rl.learner import (
     Learner,
     LossWeights,
     mask_to_allowed,
     shift_right,
     token_logprobs,
 )
-from agentrl_jax.training.lm_head import MASKED_LOGIT, TokenStats, token_stats
+from agentrl_jax.rl.lm_head import MASKED_LOGIT, TokenStats, token_stats
 
 TOL = 1e-5
 # V = 97 is no other dimension of the test, so [.., .., V] shapes in a jaxpr are logits.
@@ -267,8 +267,8 @@ def test_learner_losses_and_gradients_match_the_full_logits_learner(tied, temper
 
 
 def test_the_chunk_size_is_a_validated_model_setting():
-    from agentrl_jax.training.config import ConfigError, from_config_dict
-    from agentrl_jax.training.defaults import base_config
+    from agentrl_jax.run.config import ConfigError, from_config_dict
+    from agentrl_jax.run.defaults import base_config
 
     assert from_config_dict(base_config()).model.logits_chunk == 256
     for bad in (0, -4):

@@ -1,4 +1,4 @@
-"""Which records reach the console and which only the log file (training/logs.py); the whole
+"""Which records reach the console and which only the log file (run/logs.py); the whole
 path, a real run's console and its WORKDIR/logs/train.log, is checked in tests/test_train.py."""
 
 import logging
@@ -9,7 +9,7 @@ import pytest
 from absl import logging as absl_logging
 from absl.testing import flagsaver
 
-from agentrl_jax.training import logs, trainer
+from agentrl_jax.run import logs, trainer
 
 
 def _record(pathname: str, level: int = logging.INFO) -> logging.LogRecord:

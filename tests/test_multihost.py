@@ -12,9 +12,9 @@ import train_cli
 
 from agentrl_jax import sharding
 from agentrl_jax.envs.base import Task
-from agentrl_jax.training import multihost
-from agentrl_jax.training.rollout import RolloutWorker
-from agentrl_jax.training.tensorboard import read_scalars
+from agentrl_jax.rollout.rollout import RolloutWorker
+from agentrl_jax.run import multihost
+from agentrl_jax.run.tensorboard import read_scalars
 
 TOL = 1e-5  # fixed by the issue: f32 max abs diff of the parameters, 2 x 4 devices vs 1 x 8
 
@@ -298,7 +298,7 @@ def test_processes_that_disagree_stop_naming_what_differs(tmp_path):
     line = lines[0]
     for part in (
         "config: rl.actor_lr (0.0001 vs 0.0002)",
-        "code: agentrl_jax/training/trainer.py (",
+        "code: agentrl_jax/run/trainer.py (",
         "tasks: eval simple (",
         "tokenizer: vocabulary (",
     ):
@@ -322,7 +322,7 @@ def test_disagreements_name_parts_keys_and_both_values():
 
 def test_code_fingerprint_covers_the_package():
     code = multihost.code_fingerprint()
-    assert "agentrl_jax/training/trainer.py" in code and "agentrl_jax/__init__.py" in code
+    assert "agentrl_jax/run/trainer.py" in code and "agentrl_jax/__init__.py" in code
     assert all(len(h) == 16 for h in code.values())
 
 

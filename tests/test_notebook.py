@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agentrl_jax.training.tensorboard import read_scalars
+from agentrl_jax.run.tensorboard import read_scalars
 
 nbformat = pytest.importorskip("nbformat")
 nbclient = pytest.importorskip("nbclient")

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from train_cli import REPO
 
-from agentrl_jax.training import plan
-from agentrl_jax.training.config import ConfigError, from_config_dict, load_config_file
+from agentrl_jax.experiments import plan
+from agentrl_jax.run.config import ConfigError, from_config_dict, load_config_file
 
 
 def _config(spec, num_devices, **mesh):
@@ -121,7 +121,7 @@ def _abstract_policy(config):
 
     from agentrl_jax import sharding
     from agentrl_jax.models import Qwen2ForCausalLM
-    from agentrl_jax.training.trainer import model_config, rl_learner
+    from agentrl_jax.run.trainer import model_config, rl_learner
 
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))

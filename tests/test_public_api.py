@@ -11,7 +11,7 @@ import pytest
 
 import agentrl_jax
 from agentrl_jax import kernels
-from agentrl_jax.training.config import (
+from agentrl_jax.run.config import (
     ConfigError,
     from_config_dict,
     import_plugins,
@@ -60,7 +60,7 @@ def test_import_is_lazy():
         import agentrl_jax
         assert "jax" not in sys.modules, "import agentrl_jax imported jax"
         agentrl_jax.LossConfig
-        assert "jax" in sys.modules and "agentrl_jax.training.trainer" not in sys.modules
+        assert "jax" in sys.modules and "agentrl_jax.run.trainer" not in sys.modules
         print("ok")
         """
     )

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from agentrl_jax.envs.base import Task
-from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import rng_streams
-from agentrl_jax.training.config import from_config_dict, load_config_file
-from agentrl_jax.training.curriculum import Curriculum
-from agentrl_jax.training.sft_data import SftDataConfig, SftDataset
-from agentrl_jax.training.trainer import Trainer
+from agentrl_jax.rl import rng_streams
+from agentrl_jax.rl.sft_data import SftDataConfig, SftDataset
+from agentrl_jax.rollout.curriculum import Curriculum
+from agentrl_jax.run import budget as budget_lib
+from agentrl_jax.run.config import from_config_dict, load_config_file
+from agentrl_jax.run.trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ITERATIONS = 64  # RL iterations (and SFT epochs) checked

@@ -12,11 +12,11 @@ from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
+from agentrl_jax.rl.learner import Learner
+from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
+from agentrl_jax.rollout.trajectory import episode_rows, step_arrays, step_rows
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
-from agentrl_jax.training.chat import get_template
-from agentrl_jax.training.learner import Learner
-from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker, render_observation
-from agentrl_jax.training.trajectory import episode_rows, step_arrays, step_rows
 
 TEXTS = [
     "Goal: open the chest and take the coin. You are in a kitchen. There is a door to the north.",
@@ -291,7 +291,7 @@ class LongObservationPool(ScriptedPool):
 def test_step_mode_observation_longer_than_the_context_ends_the_episode_truncated(setup):
     """Step-wise contexts: an observation that no context can hold ends its episode as truncated
     (at the reset: an episode of no step), counted, and the other episodes play on."""
-    from agentrl_jax.training.trainer import rollout_metrics
+    from agentrl_jax.run.trainer import rollout_metrics
 
     tok, policy, template, sampler = setup
     cfg = RolloutConfig(
@@ -344,7 +344,7 @@ def test_every_step_keeps_its_observation_and_the_episode_its_final_one(setup, m
 
 def test_truncated_episode_rows_bootstrap_gae_from_the_state_after_the_last_action(setup):
     from agentrl_jax import kernels
-    from agentrl_jax.training import rl_batch
+    from agentrl_jax.rl import rl_batch
 
     tok, *_ = setup
     trajs, _ = _rollout(setup, "episode", lengths=(2, 5), max_turns=3)

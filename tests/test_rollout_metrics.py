@@ -1,8 +1,8 @@
 """The per-iteration rollout summary the trainer logs, on hand-built episodes."""
 
 from agentrl_jax.envs.base import Task
-from agentrl_jax.training.trainer import rollout_metrics
-from agentrl_jax.training.trajectory import Step, Trajectory
+from agentrl_jax.rollout.trajectory import Step, Trajectory
+from agentrl_jax.run.trainer import rollout_metrics
 
 
 def episode(group: int, *, won=False, failed=False) -> Trajectory:

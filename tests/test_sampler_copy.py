@@ -14,12 +14,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from agentrl_jax import sharding
+from agentrl_jax.experiments.plan import device_bytes
 from agentrl_jax.models import Qwen2ForCausalLM
 from agentrl_jax.models.testing import random_model
+from agentrl_jax.run import multihost, trainer
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL
-from agentrl_jax.training import multihost, trainer
-from agentrl_jax.training.plan import device_bytes
 
 # 4 query and 4 kv heads: tp takes 4 of the 8 devices, rows the other 2.
 CFG = SMALL.replace(num_kv_heads=4)

@@ -23,9 +23,9 @@ from agentrl_jax.models.qwen2 import (
     unstack_layers,
 )
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
+from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL
-from agentrl_jax.training.checkpoint import Checkpointer
 
 SCANNED = TEST_CONFIG.replace(scan_layers=True)
 TOL = 1e-5

@@ -13,17 +13,17 @@ from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
-from agentrl_jax.training.chat import get_template
-from agentrl_jax.training.learner import Learner
-from agentrl_jax.training.rollout import RolloutConfig, RolloutWorker
-from agentrl_jax.training.sft_data import (
+from agentrl_jax.rl.learner import Learner
+from agentrl_jax.rl.sft_data import (
     SftDataConfig,
     SftDataset,
     bucket_for,
     collate,
     demonstration_examples,
 )
-from agentrl_jax.training.trajectory import Step, Trajectory
+from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker
+from agentrl_jax.rollout.trajectory import Step, Trajectory
 
 TEXTS = [
     "Goal: open the chest and take the coin. You are in a kitchen. There is a door to the north.",

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from agentrl_jax.training.tasks import make_tasks, parse_level
+from agentrl_jax.rollout.tasks import make_tasks, parse_level
 
 RECORD = {
     "repo": "local/toy",

@@ -2,7 +2,7 @@
 
 import math
 
-from agentrl_jax.training.tensorboard import SummaryWriter, read_scalars
+from agentrl_jax.run.tensorboard import SummaryWriter, read_scalars
 
 
 def test_scalars_round_trip_through_tensorboard_loader(tmp_path):

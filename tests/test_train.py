@@ -16,10 +16,10 @@ import ml_collections
 import pytest
 
 from agentrl_jax.envs.base import Task
-from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training.config import ConfigError, from_config_dict
-from agentrl_jax.training.tensorboard import read_scalars
-from agentrl_jax.training.trainer import Trainer
+from agentrl_jax.run import budget as budget_lib
+from agentrl_jax.run.config import ConfigError, from_config_dict
+from agentrl_jax.run.tensorboard import read_scalars
+from agentrl_jax.run.trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -349,7 +349,7 @@ def _final_state(workdir):
 def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
     kill, reference_run, textworld_games, compile_cache, tmp_path
 ):
-    """A real SIGKILL at ``kill`` (``training/chaos.py``), then the same command again: the
+    """A real SIGKILL at ``kill`` (``run/chaos.py``), then the same command again: the
     resumed run restores the checkpoint before the kill and ends with every metric and the whole
     train state of the uninterrupted run, bit for bit (float32 on the CPU)."""
     ref_dir, _ = reference_run
@@ -406,11 +406,11 @@ def _checkpoint_trainer(config, directory):
     """The Trainer's checkpoint methods on a stand-in holding a tiny policy and its RL state."""
     from agentrl_jax.models import Qwen2ForCausalLM
     from agentrl_jax.models.testing import random_model
-    from agentrl_jax.training.checkpoint import Checkpointer
-    from agentrl_jax.training.curriculum import Curriculum
-    from agentrl_jax.training.tensorboard import SummaryWriter
-    from agentrl_jax.training.trainer import rl_learner
-    from agentrl_jax.training.watchdog import Watchdog
+    from agentrl_jax.rollout.curriculum import Curriculum
+    from agentrl_jax.run.checkpoint import Checkpointer
+    from agentrl_jax.run.tensorboard import SummaryWriter
+    from agentrl_jax.run.trainer import rl_learner
+    from agentrl_jax.run.watchdog import Watchdog
 
     policy = random_model(Qwen2ForCausalLM)
     trainer = types.SimpleNamespace(

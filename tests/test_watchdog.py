@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from agentrl_jax.training.watchdog import EXIT_STATUS, Watchdog
+from agentrl_jax.run.watchdog import EXIT_STATUS, Watchdog
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -16,9 +16,9 @@ RL_LOOP = """
 import sys, time, types
 sys.path.insert(0, {tests!r})
 import train_cli
-from agentrl_jax.training.config import from_config_dict
-from agentrl_jax.training.trainer import Trainer
-from agentrl_jax.training.watchdog import Watchdog
+from agentrl_jax.run.config import from_config_dict
+from agentrl_jax.run.trainer import Trainer
+from agentrl_jax.run.watchdog import Watchdog
 
 config = from_config_dict(train_cli.tiny_config(watchdog_s={limit}))
 

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from agentrl_jax.training import workdir_config
-from agentrl_jax.training.config import ConfigError, from_config_dict
+from agentrl_jax.run import workdir_config
+from agentrl_jax.run.config import ConfigError, from_config_dict
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)

@@ -51,11 +51,11 @@ from agentrl_jax.benchmarks.report import Report, Row, peak_rss_mb, timed
 from agentrl_jax.benchmarks.sampler import Runs, Sizes, _multi_turn, _reference_model
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
 from agentrl_jax.models.config import ModelConfig, preset
+from agentrl_jax.rl.rl_update import RLUpdate
+from agentrl_jax.run.config import from_config_dict, load_config_file
+from agentrl_jax.run.trainer import model_config, rl_learner
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import random_policy
-from agentrl_jax.training.config import from_config_dict, load_config_file
-from agentrl_jax.training.rl_update import RLUpdate
-from agentrl_jax.training.trainer import model_config, rl_learner
 
 # Peak dense bfloat16 TFLOP/s per chip, by the start of ``jax.Device.device_kind``.
 PEAK_BF16_TFLOPS = {

@@ -73,7 +73,7 @@ class Spec:
 
 def bench_config(spec: Spec):
     """The run's ``RunConfig``: the default (or ``:test``) with SFT off and the model's settings."""
-    from agentrl_jax.training.config import from_config_dict, load_config_file  # noqa: PLC0415
+    from agentrl_jax.run.config import from_config_dict, load_config_file  # noqa: PLC0415
 
     cd = load_config_file(CONFIG + (":test" if spec.quick else ""))
     per_iteration = cd.rl.tasks_per_iteration * cd.rollout.group_size
@@ -106,9 +106,9 @@ def write_checkpoint(spec: Spec, directory: str) -> None:
     from agentrl_jax.models import Qwen2ForCausalLM, preset  # noqa: PLC0415
     from agentrl_jax.models.hf_checkpoint import save_hf_checkpoint  # noqa: PLC0415
     from agentrl_jax.models.tokenizer import build_tokenizer  # noqa: PLC0415
+    from agentrl_jax.rollout.tasks import make_tasks  # noqa: PLC0415
+    from agentrl_jax.run.trainer import expert_texts  # noqa: PLC0415
     from agentrl_jax.sharding import create_sharded_model  # noqa: PLC0415
-    from agentrl_jax.training.tasks import make_tasks  # noqa: PLC0415
-    from agentrl_jax.training.trainer import expert_texts  # noqa: PLC0415
 
     config = bench_config(dataclasses.replace(spec, checkpoint=""))
     env = config.env
@@ -137,8 +137,8 @@ def child(spec: Spec, out: str) -> None:
     import jax  # noqa: PLC0415
 
     from agentrl_jax import compile_cache, timing  # noqa: PLC0415
-    from agentrl_jax.training.tensorboard import read_scalars  # noqa: PLC0415
-    from agentrl_jax.training.trainer import Trainer  # noqa: PLC0415
+    from agentrl_jax.run.tensorboard import read_scalars  # noqa: PLC0415
+    from agentrl_jax.run.trainer import Trainer  # noqa: PLC0415
 
     compile_cache.enable(spec.cache)
     timing.install_listeners()

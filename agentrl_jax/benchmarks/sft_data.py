@@ -29,14 +29,14 @@ from flax import nnx
 
 from agentrl_jax.benchmarks.report import Report, Row, peak_rss_mb
 from agentrl_jax.envs.base import Task
-from agentrl_jax.training.sft_data import (
+from agentrl_jax.rl.sft_data import (
     DEFAULT_BUCKETS,
     SftDataConfig,
     SftDataset,
     bucket_for,
     demonstration_examples,
 )
-from agentrl_jax.training.trajectory import Step, Trajectory
+from agentrl_jax.rollout.trajectory import Step, Trajectory
 
 VOCAB = 2048
 
@@ -95,7 +95,7 @@ def _time_epoch(fn, batches) -> float:
 
 def run(quick: bool) -> Report:
     from agentrl_jax.models import Qwen2ForCausalLM, preset  # noqa: PLC0415
-    from agentrl_jax.training.learner import Learner  # noqa: PLC0415
+    from agentrl_jax.rl.learner import Learner  # noqa: PLC0415
 
     report = Report("sft_data")
     # Quick: short episodes and two buckets, so few shapes compile (a plumbing check only).

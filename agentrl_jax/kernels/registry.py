@@ -37,7 +37,7 @@ class EstimatorSpec:
       kl_reward: the estimator takes ``kl=`` as a per-token reward penalty (``kl_coef * kl``
         subtracted from the token rewards), so a run may set ``config.rl.kl_mode="reward"``.
 
-    The run's config is checked against these when it is validated (training/config.py), the
+    The run's config is checked against these when it is validated (run/config.py), the
     same for a user's estimator as for the built-in ones.
     """
 

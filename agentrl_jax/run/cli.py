@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from absl import flags
 
-from agentrl_jax.training import paths
+from agentrl_jax.run import paths
 
 USAGE_ERROR = 2
 

@@ -27,7 +27,7 @@ from typing import Any
 import ml_collections
 from etils import epath
 
-from agentrl_jax.training.config import ConfigError, RunConfig, from_config_dict
+from agentrl_jax.run.config import ConfigError, RunConfig, from_config_dict
 
 CONFIG_FILE = "config.json"
 CHANGES_FILE = "config_changes.jsonl"

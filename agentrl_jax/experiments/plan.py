@@ -50,12 +50,12 @@ from flax import nnx
 
 from agentrl_jax import sharding
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
-from agentrl_jax.sampling import Sampler, StopConfig
-from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import multihost, rl_batch, sft_data
-from agentrl_jax.training.config import RunConfig
-from agentrl_jax.training.rl_update import score_rows
-from agentrl_jax.training.trainer import (
+from agentrl_jax.rl import rl_batch, sft_data
+from agentrl_jax.rl.rl_update import score_rows
+from agentrl_jax.run import budget as budget_lib
+from agentrl_jax.run import multihost
+from agentrl_jax.run.config import RunConfig
+from agentrl_jax.run.trainer import (
     casts,
     model_config,
     reference_copy,
@@ -63,6 +63,7 @@ from agentrl_jax.training.trainer import (
     rl_sampling,
     sft_learner,
 )
+from agentrl_jax.sampling import Sampler, StopConfig
 
 GIB = 1 << 30
 PROGRAMS = ("sampler_turn", "sft_step", "score", "rl_update")

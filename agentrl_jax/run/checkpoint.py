@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from etils import epath  # orbax's path library: local paths and URLs alike
 from orbax.checkpoint import checkpoint_managers as cm
 
-from agentrl_jax.training import paths
+from agentrl_jax.run import paths
 
 # What orbax appends to a step's directory name while writing it (renamed away when complete).
 TMP_SUFFIX = ".orbax-checkpoint-tmp"

@@ -4,6 +4,6 @@ The defaults themselves are the fields of the dataclasses in ``training/config.p
 they are written); ``base_config()`` is generated from them.
 """
 
-from agentrl_jax.training.config import base_config
+from agentrl_jax.run.config import base_config
 
 __all__ = ["base_config"]

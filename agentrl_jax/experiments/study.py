@@ -46,10 +46,10 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl_jax.training import stats as stats_lib
-from agentrl_jax.training.cli import missing_key
-from agentrl_jax.training.config import load_config_file
-from agentrl_jax.training.tasks import report_levels
+from agentrl_jax.experiments import stats as stats_lib
+from agentrl_jax.rollout.tasks import report_levels
+from agentrl_jax.run.cli import missing_key
+from agentrl_jax.run.config import load_config_file
 
 STUDY_KEYS = ("baseline", "overrides", "variants", "reference", "seeds", "evaluation")
 EVALUATION_KEYS = ("split", "num_tasks", "levels", "decoding")
@@ -216,9 +216,9 @@ def is_done(workdir: str, variant: str, seed: int) -> bool:
 def cell_code() -> dict[str, str]:
     """The code a cell trains with: every file of the package but this runner's own (a change to
     the runner's tables changes no cell's run)."""
-    from agentrl_jax.training.multihost import code_fingerprint  # noqa: PLC0415
+    from agentrl_jax.run.multihost import code_fingerprint  # noqa: PLC0415
 
-    runner = __name__.replace(".", "/") + ".py"  # agentrl_jax/training/study.py
+    runner = __name__.replace(".", "/") + ".py"  # agentrl_jax/experiments/study.py
     return {k: v for k, v in code_fingerprint().items() if k != runner}
 
 
@@ -295,8 +295,8 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
     ``level@split`` keys) the success after SFT and at the end (after RL; after SFT when the cell
     had no RL) with Wilson intervals, the RL gain with its paired interval; and the sampled
     success per RL iteration against episodes."""
-    from agentrl_jax.training import evaluate as evaluation  # noqa: PLC0415
-    from agentrl_jax.training.tensorboard import read_scalars  # noqa: PLC0415
+    from agentrl_jax.experiments import evaluate as evaluation  # noqa: PLC0415
+    from agentrl_jax.run.tensorboard import read_scalars  # noqa: PLC0415
 
     with open(os.path.join(run_dir, "report.json")) as f:
         evals = json.load(f)["evals"]
@@ -547,7 +547,7 @@ def prepare(study: Study, workdir: str) -> dict[tuple[str, int], Any]:
     Returns:
       (variant, seed) -> RunConfig.
     """
-    from agentrl_jax.training.config import ConfigError, from_config_dict  # noqa: PLC0415
+    from agentrl_jax.run.config import ConfigError, from_config_dict  # noqa: PLC0415
 
     configs = {}
     for variant, seed in study.cells():
@@ -573,7 +573,7 @@ def generate_games(configs: Sequence[Any], progress: bool = True) -> int:
     Returns:
       The number of games the cells use (made now or found in the cache).
     """
-    from agentrl_jax.training.tasks import EVAL_SPLIT, parse_level  # noqa: PLC0415
+    from agentrl_jax.rollout.tasks import EVAL_SPLIT, parse_level  # noqa: PLC0415
 
     need: dict[tuple[str, str], int] = {}
 

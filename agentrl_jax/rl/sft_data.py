@@ -45,9 +45,9 @@ from typing import Any
 import grain
 import numpy as np
 
+from agentrl_jax.rl import rng_streams
+from agentrl_jax.rollout.trajectory import Trajectory, episode_rows, step_rows
 from agentrl_jax.sampling import buckets as bk
-from agentrl_jax.training import rng_streams
-from agentrl_jax.training.trajectory import Trajectory, episode_rows, step_rows
 
 CONTEXT_MODES = ("episode", "step")
 # The sampler's rule, powers of two and the halfway points between them (64, 96, 128, ...,

@@ -20,9 +20,9 @@ import ml_collections
 
 from agentrl_jax import kernels
 from agentrl_jax.models.config import PRESETS, REMAT_POLICIES
-from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training.curriculum import CurriculumConfig
-from agentrl_jax.training.rollout import RolloutConfig
+from agentrl_jax.rollout.curriculum import CurriculumConfig
+from agentrl_jax.rollout.rollout import RolloutConfig
+from agentrl_jax.run import budget as budget_lib
 
 DTYPES = ("float32", "bfloat16")
 REWARDS = ("sparse", "dense")

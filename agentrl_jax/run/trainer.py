@@ -39,32 +39,25 @@ from jax.sharding import Mesh
 from agentrl_jax import kernels, sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
+from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
+from agentrl_jax.rl import envrl_data, rng_streams, sft_data
+from agentrl_jax.rl.learner import Learner, LossWeights
+from agentrl_jax.rl.rl_update import RLUpdate
+from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.curriculum import Curriculum
+from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, render_observation
+from agentrl_jax.rollout.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
+from agentrl_jax.rollout.trajectory import Trajectory
+from agentrl_jax.run import budget as budget_lib
+from agentrl_jax.run import chaos, multihost, paths, workdir_config
+from agentrl_jax.run.checkpoint import Checkpointer
+from agentrl_jax.run.config import RunConfig
+from agentrl_jax.run.tensorboard import SummaryWriter
+from agentrl_jax.run.watchdog import Watchdog
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
-from agentrl_jax.training import budget as budget_lib
-from agentrl_jax.training import (
-    chaos,
-    envrl_data,
-    multihost,
-    paths,
-    rng_streams,
-    sft_data,
-    workdir_config,
-)
-from agentrl_jax.training import evaluate as evaluation
-from agentrl_jax.training.chat import get_template
-from agentrl_jax.training.checkpoint import Checkpointer
-from agentrl_jax.training.config import RunConfig
-from agentrl_jax.training.curriculum import Curriculum
-from agentrl_jax.training.learner import Learner, LossWeights
-from agentrl_jax.training.rl_update import RLUpdate
-from agentrl_jax.training.rollout import Episode, RolloutWorker, play_wave, render_observation
-from agentrl_jax.training.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
-from agentrl_jax.training.tensorboard import SummaryWriter
-from agentrl_jax.training.trajectory import Trajectory
-from agentrl_jax.training.watchdog import Watchdog
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:

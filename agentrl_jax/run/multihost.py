@@ -40,8 +40,8 @@ from jax.sharding import Mesh, NamedSharding
 
 from agentrl_jax import sharding
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.training.rollout import RolloutWorker, cut_waves
-from agentrl_jax.training.trajectory import Trajectory
+from agentrl_jax.rollout.rollout import RolloutWorker, cut_waves
+from agentrl_jax.rollout.trajectory import Trajectory
 
 
 def is_primary() -> bool:

@@ -17,8 +17,8 @@ Each example carries an instruction turn saying which task it is (``SP_INSTRUCTI
 from __future__ import annotations
 
 from agentrl_jax import kernels
-from agentrl_jax.training.chat import ChatTemplate
-from agentrl_jax.training.trajectory import Trajectory
+from agentrl_jax.rollout.chat import ChatTemplate
+from agentrl_jax.rollout.trajectory import Trajectory
 
 SP_INSTRUCTION = "Predict the next observation."
 ID_INSTRUCTION = "Which action led from the first observation to the second?"

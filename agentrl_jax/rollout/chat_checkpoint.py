@@ -44,7 +44,7 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-from agentrl_jax.training.chat import CHECKPOINT, ChatTemplate
+from agentrl_jax.rollout.chat import CHECKPOINT, ChatTemplate
 
 # Where a checkpoint keeps its chat template, most specific first (transformers' order).
 JINJA_FILE = "chat_template.jinja"

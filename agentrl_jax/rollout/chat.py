@@ -130,7 +130,7 @@ def get_template(
                 "config.model.tokenizer)"
             )
         # Imported here: chat_checkpoint builds on this module's ChatTemplate.
-        from agentrl_jax.training import chat_checkpoint
+        from agentrl_jax.rollout import chat_checkpoint
 
         return chat_checkpoint.checkpoint_template(
             directory, tokenizer, system_prompt=system_prompt

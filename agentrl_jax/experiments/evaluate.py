@@ -41,10 +41,10 @@ from typing import Any
 
 import jax
 
+from agentrl_jax.experiments import stats as stats_lib
+from agentrl_jax.rollout.rollout import RolloutWorker, decode_text
+from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.sampling import SamplingParams
-from agentrl_jax.training import stats as stats_lib
-from agentrl_jax.training.rollout import RolloutWorker, decode_text
-from agentrl_jax.training.trajectory import Trajectory
 
 DEFAULT_CURVE_TAGS = (
     "rollout/success_rate",
@@ -573,7 +573,7 @@ def plot_learning_curve(
     matplotlib.use("Agg")  # No display: render to files only.
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
-    from agentrl_jax.training.tensorboard import read_scalars  # noqa: PLC0415
+    from agentrl_jax.run.tensorboard import read_scalars  # noqa: PLC0415
 
     if not os.path.isdir(logdir):
         raise FileNotFoundError(f"TensorBoard logdir {logdir} does not exist")

@@ -31,7 +31,7 @@ import time
 from absl import flags
 from absl import logging as absl_logging
 
-from agentrl_jax.training import paths
+from agentrl_jax.run import paths
 
 FLAGS = flags.FLAGS
 # This package's and the launchers' folders: their records are the project's own even when the

@@ -20,10 +20,11 @@ import jax
 import numpy as np
 
 from agentrl_jax import kernels, timing
-from agentrl_jax.training import chaos, envrl_data, multihost, rl_batch
-from agentrl_jax.training.config import RunConfig
-from agentrl_jax.training.learner import Learner, TrainState
-from agentrl_jax.training.trajectory import Trajectory
+from agentrl_jax.rl import envrl_data, rl_batch
+from agentrl_jax.rl.learner import Learner, TrainState
+from agentrl_jax.rollout.trajectory import Trajectory
+from agentrl_jax.run import chaos, multihost
+from agentrl_jax.run.config import RunConfig
 
 
 class RLUpdate:

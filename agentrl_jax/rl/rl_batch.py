@@ -22,8 +22,7 @@ import dataclasses
 import numpy as np
 
 from agentrl_jax import kernels
-from agentrl_jax.sampling import buckets as bk
-from agentrl_jax.training.trajectory import (
+from agentrl_jax.rollout.trajectory import (
     TokenRows,
     Trajectory,
     episode_row_length,
@@ -31,6 +30,7 @@ from agentrl_jax.training.trajectory import (
     step_arrays,
     step_rows,
 )
+from agentrl_jax.sampling import buckets as bk
 
 
 def round_up(n: int, multiple: int) -> int:

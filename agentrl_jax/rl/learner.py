@@ -48,7 +48,7 @@ import optax
 from flax import nnx
 
 from agentrl_jax import kernels, sharding
-from agentrl_jax.training.lm_head import MASKED_LOGIT, TokenStats, token_stats
+from agentrl_jax.rl.lm_head import MASKED_LOGIT, TokenStats, token_stats
 
 
 @flax.struct.dataclass
