@@ -18,7 +18,7 @@ out of every rate and mean, and counted.
 Every result says how it was measured: the split its tasks came from, the number of games, the
 decoding mode (``free``, or ``constrained`` to the env's admissible commands), the sampling
 temperature (0: greedy), the run's seed, and a 95% Wilson interval for each success rate
-(``training/stats.py``). Sampled evaluation plays each game several times, and a game's episodes
+(``experiments/stats.py``). Sampled evaluation plays each game several times, and a game's episodes
 are not independent: its intervals are clustered by game (Wilson's at the effective sample size,
 ``stats.clustered_wilson_interval``); greedy evaluation, one episode per game, gets the plain
 Wilson interval. It keeps each counted episode's outcome by (split, task id), so two results on

@@ -22,7 +22,7 @@ its memory is returned when it ends, and rerunning resumes it from its last chec
 A cell is finished when its ``done`` marker exists, written (atomically) after its
 ``result.json``; a rerun of the study never repeats a finished cell.
 
-Statistics (``training/stats.py``): a cell's success rates have 95% Wilson intervals and its RL
+Statistics (``experiments/stats.py``): a cell's success rates have 95% Wilson intervals and its RL
 gain Newcombe's paired interval (same games); a variant's mean over seeds has a Student t
 interval, and its difference to the reference is paired by seed (the t interval of the per-seed
 differences, over the seeds both ran).

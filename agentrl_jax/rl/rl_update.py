@@ -35,7 +35,7 @@ class RLUpdate:
       learner: the Learner whose ``score`` and ``rl_update`` programs it runs.
       pad_id: the tokenizer's padding id.
       envrl_examples: with ENVRL, ``(trajs, max_len=...) -> {"sp": ..., "id": ...}``
-        (``training/envrl_data.py:examples`` bound to the run's tokenizer and template).
+        (``rl/envrl_data.py:examples`` bound to the run's tokenizer and template).
     """
 
     def __init__(

@@ -18,7 +18,7 @@ that the sampler emits (``<|im_end|>`` here); the next user turn starts right af
       {system}\\n<|im_start|>{obs}\\n>{action}<|im_end|>
 
 - ``checkpoint``: the checkpoint's own jinja chat template, rendered into these same pieces and
-  checked against ``apply_chat_template`` when the run starts (``training/chat_checkpoint.py``).
+  checked against ``apply_chat_template`` when the run starts (``rollout/chat_checkpoint.py``).
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ REWARDS = ("sparse", "dense")
 KL_MODES = ("loss", "reward")
 # Which train games RL draws from: all of them, or those no SFT demonstration used.
 TASK_POOLS = ("all", "unseen")
-# Chat templates (training/chat.py): fixed layouts, or the checkpoint's own jinja template.
+# Chat templates (rollout/chat.py): fixed layouts, or the checkpoint's own jinja template.
 TEMPLATES = ("checkpoint", "plain", "qwen")
 
 
@@ -393,7 +393,7 @@ class RunConfig:
     eval_every: int = 0  # RL iterations between held-out evaluations (0: only before and after)
     # Seconds an RL iteration, SFT epoch, evaluation or checkpoint may take before the process
     # ends with an error naming it (0: no limit). A multi-host run otherwise waits forever on a
-    # host that hangs (training/watchdog.py); leave room for the first iteration's compilation.
+    # host that hangs (run/watchdog.py); leave room for the first iteration's compilation.
     watchdog_s: float = 0.0
     # Modules imported before validation: they register estimators, losses or envs by name
     # (docs/custom_losses.md), e.g. --config.plugins="('my_losses',)".

@@ -1,6 +1,6 @@
 """Defaults shared by every config: each ``configs/<name>.py`` starts from ``base_config()``.
 
-The defaults themselves are the fields of the dataclasses in ``training/config.py`` (the one place
+The defaults themselves are the fields of the dataclasses in ``run/config.py`` (the one place
 they are written); ``base_config()`` is generated from them.
 """
 

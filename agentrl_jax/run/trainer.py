@@ -14,7 +14,7 @@ uninterrupted run does. Rerunning with the same workdir resumes from the last ch
 Multi-host (``jax.process_count() > 1``): every process runs this same code; each plays its
 share of the episodes with its own actor pool and a process-local copy of the policy, the
 episodes are all-gathered so every host-side step sees the single-process data, and each process
-feeds its devices' rows of the global batch (``training/multihost.py``). Only process 0 writes
+feeds its devices' rows of the global batch (``run/multihost.py``). Only process 0 writes
 TensorBoard, eval reports and progress bars; checkpoints go through orbax from all processes.
 """
 
@@ -318,7 +318,7 @@ class Trainer:
         if self.multihost:
             multihost.check_agreement({"tokenizer": self._tokenizer_fingerprint()})
         # A checkpoint's own template is cut into pieces and checked against the tokenizer here,
-        # before any model is built (training/chat_checkpoint.py).
+        # before any model is built (rollout/chat_checkpoint.py).
         self.template = get_template(
             cfg.model.template,
             self.tokenizer,
