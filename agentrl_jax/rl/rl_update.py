@@ -19,11 +19,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl_jax import kernels, timing
+from agentrl_jax import chaos, kernels, timing
 from agentrl_jax.rl import envrl_data, rl_batch
 from agentrl_jax.rl.learner import Learner, TrainState
 from agentrl_jax.rollout.trajectory import Trajectory
-from agentrl_jax.run import chaos, multihost
+from agentrl_jax.run import multihost
 from agentrl_jax.run.config import RunConfig
 
 

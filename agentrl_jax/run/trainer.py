@@ -36,7 +36,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax import kernels, sharding, timing
+from agentrl_jax import chaos, kernels, sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.experiments import evaluate as evaluation
@@ -51,7 +51,7 @@ from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, rende
 from agentrl_jax.rollout.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
-from agentrl_jax.run import chaos, multihost, paths, workdir_config
+from agentrl_jax.run import multihost, paths, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.run.config import RunConfig
 from agentrl_jax.run.tensorboard import SummaryWriter

@@ -19,19 +19,26 @@ import sys
 import types
 import warnings
 
-# Old module name -> the package it moved to (agentrl_jax.training.X -> agentrl_jax.<package>.X).
+
+# Old module name -> its new module (agentrl_jax.training.X -> agentrl_jax.<package>.X, or the
+# module it moved to after the split: chaos went down to the parts, issue #33 follow-ups).
+def _into(package: str, names: tuple[str, ...]) -> dict[str, str]:
+    return {name: f"{package}.{name}" for name in names}
+
+
 MOVED = {
-    **dict.fromkeys(
+    **_into(
+        "agentrl_jax.rl",
         ("envrl_data", "learner", "lm_head", "rl_batch", "rl_update", "rng_streams", "sft_data"),
-        "rl",
     ),
-    **dict.fromkeys(
-        ("chat", "chat_checkpoint", "curriculum", "rollout", "tasks", "trajectory"), "rollout"
+    **_into(
+        "agentrl_jax.rollout",
+        ("chat", "chat_checkpoint", "curriculum", "rollout", "tasks", "trajectory"),
     ),
-    **dict.fromkeys(
+    **_into(
+        "agentrl_jax.run",
         (
             "budget",
-            "chaos",
             "checkpoint",
             "cli",
             "config",
@@ -44,15 +51,15 @@ MOVED = {
             "watchdog",
             "workdir_config",
         ),
-        "run",
     ),
-    **dict.fromkeys(("evaluate", "plan", "stats", "study"), "experiments"),
+    **_into("agentrl_jax.experiments", ("evaluate", "plan", "stats", "study")),
+    "chaos": "agentrl_jax.chaos",
 }
 
 
 def new_name(old: str) -> str:
     """``"trainer"`` -> ``"agentrl_jax.run.trainer"``."""
-    return f"agentrl_jax.{MOVED[old]}.{old}"
+    return MOVED[old]
 
 
 def _importer() -> types.FrameType | None:
