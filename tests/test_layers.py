@@ -63,9 +63,6 @@ KNOWN_VIOLATIONS = {
     # The RL update reads the whole RunConfig: "settings are resolved once" (STYLE.md) wants an
     # RL spec resolved from it at the boundary (run/), which rl/ takes instead.
     "agentrl_jax.rl.rl_update -> agentrl_jax.run.config",
-    # The RL update gathers scored rows across processes (multihost.host_array): the gathers of
-    # run/multihost.py that rl/ needs belong below run/.
-    "agentrl_jax.rl.rl_update -> agentrl_jax.run.multihost",
     # The trainer's own evaluations (evaluate(), EvalResult, write_report, the before/after
     # table) live in experiments/evaluate.py beside the plots and the studies' tables; the
     # run's part (and the statistics it needs) should come down to run/.
