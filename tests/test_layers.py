@@ -67,9 +67,6 @@ KNOWN_VIOLATIONS = {
     # table) live in experiments/evaluate.py beside the plots and the studies' tables; the
     # run's part (and the statistics it needs) should come down to run/.
     "agentrl_jax.run.trainer -> agentrl_jax.experiments.evaluate",
-    # ALFWorld's rows of the env benchmark (benchmarks/envs.py) live in envs/, reached through
-    # alfworld_env.bench_rows; they belong in benchmarks/ (which may import the env).
-    "agentrl_jax.envs.alfworld_bench -> agentrl_jax.benchmarks.report",
 }
 
 # Import cycles between modules (strongly connected components), as they stand.
@@ -77,9 +74,6 @@ KNOWN_CYCLES = {
     # chat.get_template imports chat_checkpoint (deferred) for the "checkpoint" template, which
     # builds on chat.ChatTemplate: one module, or the registry of templates in a third.
     frozenset({"agentrl_jax.rollout.chat", "agentrl_jax.rollout.chat_checkpoint"}),
-    # alfworld_env.bench_rows imports alfworld_bench (deferred), which imports the env back:
-    # gone when the benchmark moves to benchmarks/ (above).
-    frozenset({"agentrl_jax.envs.alfworld_env", "agentrl_jax.envs.alfworld_bench"}),
 }
 
 
