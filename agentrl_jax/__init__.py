@@ -76,7 +76,20 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from agentrl_jax import _aliases
+
 __version__ = "0.1.0"
+
+# Launch code that moved out of the package to launch/ (issue #33 follow-ups): the old names
+# import as the new modules, with a DeprecationWarning, for one release (as the old modules of
+# the deprecated training package do).
+MOVED_TO_LAUNCH = {
+    "agentrl_jax.launchers": "launch.launchers",
+    "agentrl_jax.run.cli": "launch.cli",
+}
+_aliases.install(
+    MOVED_TO_LAUNCH, 'launch code lives in launch/; docs/architecture.md, "Layout history"'
+)
 
 # name -> (module, attribute in it); attribute None: the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {

@@ -274,6 +274,19 @@ def cast_copy(tree: Any, dtype: Any = None) -> Any:
     return _cast_copy(tree, None if dtype is None else np.dtype(dtype))
 
 
+def host_array(x: jax.Array) -> np.ndarray:
+    """The whole of a (possibly multi-host) array on this host, as numpy.
+
+    An array whose shards all live on this process is read directly (the single-process path);
+    otherwise the other processes' shards are all-gathered (a collective: all processes call it).
+    """
+    if getattr(x, "is_fully_addressable", True):
+        return np.asarray(x)
+    from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-host only)
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
 def create_sharded_model(ctor: Callable[[], M], mesh: Mesh | None = None) -> M:
     """Builds ``ctor()`` with every parameter created directly in its sharded layout.
 

@@ -3,7 +3,7 @@ r"""Benchmarks, measured side by side against a reference in the same run.
     python -m launch.bench sampler --out bench_sampler.json
     python -m launch.bench learner --out bench_learner.json
     python -m launch.bench advantages --out bench_advantages.json
-    python -m launch.bench envs --out bench_envs.json
+    python -m launch.bench envs --out bench_envs.json  # TextWorld; ALFWorld too when installed
     python -m launch.bench swe --out bench_swe.json
     python -m launch.bench sft_data --out bench_sft_data.json
     python -m launch.bench device --out device.json   # on an accelerator (Qwen2.5 shapes, MFU)

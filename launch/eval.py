@@ -30,8 +30,9 @@ from absl import app, flags
 from agentrl_jax import compile_cache
 from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.rollout.tasks import HELD_OUT_SPLITS
-from agentrl_jax.run import cli, logs
+from agentrl_jax.run import logs
 from agentrl_jax.run.config import ConfigError, from_config_dict
+from launch import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (from launch.train).")
 _ENV = flags.DEFINE_string("env", None, "Env family; must match the run's (default: the run's).")

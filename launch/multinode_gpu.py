@@ -22,7 +22,7 @@ import sys
 
 from absl import app, flags
 
-from agentrl_jax import launchers
+from launch import launchers
 
 _HOSTS = flags.DEFINE_list("hosts", None, "Nodes, comma-separated; the first coordinates.")
 _PORT = flags.DEFINE_integer("port", 1234, "The coordinator's port on the first node.")

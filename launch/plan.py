@@ -38,8 +38,8 @@ import math  # noqa: E402
 from absl import app, flags, logging  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
-from agentrl_jax.run import cli  # noqa: E402
 from agentrl_jax.run.config import ConfigError, from_config_dict  # noqa: E402
+from launch import cli  # noqa: E402
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _DEVICES = flags.DEFINE_integer("devices", None, "Fake CPU devices to plan for (the mesh's size).")

@@ -24,7 +24,8 @@ The study file format: ``agentrl_jax/experiments/study.py``. Each cell's console
 from absl import app, flags
 
 from agentrl_jax.experiments import study as study_lib
-from agentrl_jax.run import cli, logs
+from agentrl_jax.run import logs
+from launch import cli
 
 _STUDY = flags.DEFINE_string("study", None, "A configs/studies/NAME.py file.")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where the cells and the results go.")

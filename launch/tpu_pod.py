@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags
 
-from agentrl_jax import launchers
+from launch import launchers
 
 _TPU = flags.DEFINE_string("tpu", None, "The TPU VM (pod slice) name.")
 _ZONE = flags.DEFINE_string("zone", None, "Its zone, e.g. us-central2-b.")

@@ -47,10 +47,11 @@ from ml_collections import config_flags
 
 from agentrl_jax import compile_cache
 from agentrl_jax.experiments import evaluate as evaluation
-from agentrl_jax.run import cli, logs, paths, workdir_config
+from agentrl_jax.run import logs, paths, workdir_config
 from agentrl_jax.run.checkpoint import CheckpointWriteError
 from agentrl_jax.run.config import ConfigError, from_config_dict
 from agentrl_jax.sharding import maybe_initialize_distributed
+from launch import cli
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "A configs/*.py file.", lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Where checkpoints, logs and reports go.")

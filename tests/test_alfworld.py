@@ -309,7 +309,7 @@ def test_fast_engine_gives_identical_episodes(demo):
 
 
 def test_bench_rows_quick():
-    from agentrl_jax.envs.alfworld_env import bench_rows
+    from agentrl_jax.benchmarks.alfworld import bench_rows
 
     rows = bench_rows(quick=True)
     assert [r.workload for r in rows] == [

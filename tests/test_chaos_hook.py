@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agentrl_jax.run import chaos
+from agentrl_jax import chaos
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,7 +26,7 @@ def _run(code: str, spec: str | None) -> subprocess.CompletedProcess:
 
 # Reaches "update" three times and "rollout" once, printing before each reach.
 PROGRAM = """
-from agentrl_jax.run import chaos
+from agentrl_jax import chaos
 for i in (1, 2, 3):
     print("update", i, flush=True)
     chaos.maybe_kill("update")
@@ -52,7 +52,7 @@ def test_unset_or_never_reached_is_a_no_op():
 
 def test_ready_is_awaited_on_the_nth_reach_only():
     code = """
-from agentrl_jax.run import chaos
+from agentrl_jax import chaos
 polls = []
 def ready(name):
     polls.append(name)
@@ -70,7 +70,7 @@ chaos.maybe_kill("update")  # the 2nd: settle_with's test, polled until true, th
     assert out.returncode == -signal.SIGKILL  # a point's own test replaces settle_with's
     assert out.stdout.splitlines() == ["poll own 1", "poll own 2", "poll own 3"]
     # A condition that never holds fails the run instead of killing it somewhere else.
-    never = "from agentrl_jax.run import chaos\n"
+    never = "from agentrl_jax import chaos\n"
     never += "chaos.maybe_kill('checkpoint', ready=lambda: False, timeout_s=0.05)"
     out = _run(never, "checkpoint:1")
     assert out.returncode == 1 and "chaos: checkpoint #1 was never ready within 0.05s" in out.stderr
@@ -80,7 +80,7 @@ chaos.maybe_kill("update")  # the 2nd: settle_with's test, polled until true, th
 def test_bad_spec_is_an_error_naming_the_variable_and_the_points(spec):
     with pytest.raises(ValueError, match=rf"AGENTRL_CHAOS_KILL='{spec}': expected POINT:N .*"):
         chaos.parse(spec)
-    out = _run("import agentrl_jax.run.chaos", spec)
+    out = _run("import agentrl_jax.chaos", spec)
     assert out.returncode == 1 and "sft_step, sft_epoch, rollout, update, checkpoint" in out.stderr
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 from train_cli import REPO, train_cmd
 
-from agentrl_jax.run import cli
+from launch import cli
 
 
 def run(*extra, workdir):

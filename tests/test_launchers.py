@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agentrl_jax import launchers
+from launch import launchers
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = ["--config=configs/tiny_textworld.py", "--workdir=/shared/runs/x", "--config.seed=3"]
@@ -164,7 +164,7 @@ def test_killing_the_launcher_ends_every_node_command(tmp_path):
     trainers), instead of leaving them running."""
     nodes = [_sleeper(tmp_path / "n0"), _sleeper(tmp_path / "n1")]
     script = (
-        "import sys; from agentrl_jax import launchers; "
+        "import sys; from launch import launchers; "
         f"sys.exit(launchers.run_all({nodes!r}, poll_s=0.05, grace_s=5))"
     )
     launcher = subprocess.Popen([sys.executable, "-c", script], cwd=REPO)

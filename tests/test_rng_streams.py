@@ -5,6 +5,7 @@ seed; no two of them may share a stream (the demonstrations were once seeded ``[
 iteration 7's stream). The seeds are recorded where the trainer's own code asks for them.
 """
 
+import contextlib
 import os
 import types
 
@@ -58,7 +59,7 @@ def _run(seed):
         train_tasks=tasks,
         rl_tasks=tasks,
         curriculum=Curriculum(config.curriculum),
-        _sync_sampler=lambda: None,
+        policy_in_sampler=contextlib.nullcontext,
         worker=types.SimpleNamespace(run=stop),
     )
 

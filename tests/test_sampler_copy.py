@@ -2,9 +2,12 @@
 
 On 8 fake CPU devices standing for one host: the train state lives on a (2, 4, 1) mesh in
 float32; the sampler's copy (``multihost.local_copy``) goes to the host's (data, 1, tp) mesh,
-``sync_sampler`` releases the previous copy before it builds the next, and a sampler on the
+``sync_sampler`` releases the previous copy before it builds the next (the trainer holds one for a
+``with`` block only: ``Trainer.policy_in_sampler``), and a sampler on the
 tp-split copy plays the same turns as one on a replicated copy.
 """
+
+import types
 
 import jax
 import jax.numpy as jnp
@@ -149,3 +152,23 @@ def test_tp_split_sampler_plays_the_replicated_samplers_turns(policy):
         assert got.token_lists() == ref.token_lists()
         for a, b in ((got.policy_logprobs, ref.policy_logprobs), (got.logprobs, ref.logprobs)):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=0, atol=1e-5)
+
+
+def test_the_trainer_holds_the_policy_in_the_sampler_for_a_block_only():
+    """``Trainer.policy_in_sampler``: synced on entry, released on exit, also when the block
+    raises (a rollout that fails leaves no copy of the policy behind), both timed as ``sync``."""
+    from agentrl_jax import timing
+
+    calls = []
+    run = types.SimpleNamespace(
+        _sync_sampler=lambda: calls.append("sync"),
+        sampler=types.SimpleNamespace(release=lambda: calls.append("release")),
+    )
+    clock = timing.PhaseClock()
+    with clock.running():
+        with trainer.Trainer.policy_in_sampler(run):
+            calls.append("play")
+        assert calls == ["sync", "play", "release"] and set(clock.seconds) == {"sync"}
+        with pytest.raises(RuntimeError, match="env died"), trainer.Trainer.policy_in_sampler(run):
+            raise RuntimeError("env died")
+    assert calls[3:] == ["sync", "release"]

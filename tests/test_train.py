@@ -349,7 +349,7 @@ def _final_state(workdir):
 def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
     kill, reference_run, textworld_games, compile_cache, tmp_path
 ):
-    """A real SIGKILL at ``kill`` (``run/chaos.py``), then the same command again: the
+    """A real SIGKILL at ``kill`` (``agentrl_jax/chaos.py``), then the same command again: the
     resumed run restores the checkpoint before the kill and ends with every metric and the whole
     train state of the uninterrupted run, bit for bit (float32 on the CPU)."""
     ref_dir, _ = reference_run

@@ -8,9 +8,10 @@ the pool (``ours``). Both sides play the same tasks with the same actions; game 
 before the clock starts. Rows: ``<env> resets/s`` and ``<env> steps/s``. The core count and
 what limits the pool go into the report's facts.
 
-ALFWorld plugs in through ``bench_rows(quick) -> list[Row]`` in ``agentrl_jax.envs.alfworld``
-or ``agentrl_jax.envs.alfworld_env``; ``measure_env`` below is the shared measurement to build
-those rows with.
+ALFWorld plugs in through ``bench_rows(quick) -> list[Row]`` in
+``agentrl_jax.benchmarks.alfworld`` (imported by name, so a machine without ALFWorld's packages
+still gets TextWorld's rows); ``measure_env`` below is the shared measurement to build those rows
+with.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Observation, Task
 
 Policy = Callable[[Observation, int, int], str]  # (observation, episode, turn) -> action
-ALFWORLD_HOOKS = ("agentrl_jax.envs.alfworld", "agentrl_jax.envs.alfworld_env")
+ALFWORLD_HOOKS = ("agentrl_jax.benchmarks.alfworld",)
 
 
 def cheap_walk(obs: Observation, episode: int, turn: int) -> str:

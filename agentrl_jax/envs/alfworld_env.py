@@ -295,10 +295,3 @@ def success_by_task_type(results: list[tuple[str, bool]]) -> dict[str, float]:
         every = [w for ws in wins.values() for w in ws]
         rates["all"] = sum(every) / len(every)
     return rates
-
-
-def bench_rows(quick: bool):
-    """ALFWorld rows for the env benchmark (see ``alfworld_bench``)."""
-    from agentrl_jax.envs import alfworld_bench
-
-    return alfworld_bench.bench_rows(quick)

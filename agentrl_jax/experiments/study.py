@@ -48,8 +48,7 @@ from typing import Any
 
 from agentrl_jax.experiments import stats as stats_lib
 from agentrl_jax.rollout.tasks import report_levels
-from agentrl_jax.run.cli import missing_key
-from agentrl_jax.run.config import load_config_file
+from agentrl_jax.run.config import load_config_file, missing_key
 
 STUDY_KEYS = ("baseline", "overrides", "variants", "reference", "seeds", "evaluation")
 EVALUATION_KEYS = ("split", "num_tasks", "levels", "decoding")

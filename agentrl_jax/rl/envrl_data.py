@@ -17,7 +17,7 @@ Each example carries an instruction turn saying which task it is (``SP_INSTRUCTI
 from __future__ import annotations
 
 from agentrl_jax import kernels
-from agentrl_jax.rollout.chat import ChatTemplate
+from agentrl_jax.rollout.chat_template import ChatTemplate
 from agentrl_jax.rollout.trajectory import Trajectory
 
 SP_INSTRUCTION = "Predict the next observation."

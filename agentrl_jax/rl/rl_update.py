@@ -19,11 +19,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from agentrl_jax import kernels, timing
+from agentrl_jax import chaos, kernels, sharding, timing
 from agentrl_jax.rl import envrl_data, rl_batch
 from agentrl_jax.rl.learner import Learner, TrainState
 from agentrl_jax.rollout.trajectory import Trajectory
-from agentrl_jax.run import chaos, multihost
 from agentrl_jax.run.config import RunConfig
 
 
@@ -107,7 +106,7 @@ class RLUpdate:
             jax.block_until_ready(scored)  # read next: ``score`` times the program
         batch.update(scored)
         with timing.phase("transfer"):
-            scored = {k: multihost.host_array(v) for k, v in scored.items()}
+            scored = {k: sharding.host_array(v) for k, v in scored.items()}
         old, ref, values = (scored.get(k) for k in ("old_logprobs", "ref_logprobs", "old_values"))
         with timing.phase("advantages"):
             on = rows.loss_mask > 0

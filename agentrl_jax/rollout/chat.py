@@ -19,69 +19,22 @@ that the sampler emits (``<|im_end|>`` here); the next user turn starts right af
 
 - ``checkpoint``: the checkpoint's own jinja chat template, rendered into these same pieces and
   checked against ``apply_chat_template`` when the run starts (``rollout/chat_checkpoint.py``).
+
+The pieces' type, ``ChatTemplate``, is defined in ``rollout/chat_template.py`` (which
+``chat_checkpoint`` builds on) and re-exported here; ``get_template`` is the one way in.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Protocol
-
-IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-
-
-class TokenizerLike(Protocol):
-    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
-
-    def convert_tokens_to_ids(self, token: str) -> int: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class ChatTemplate:
-    """Encodes the pieces of a multi-turn conversation.
-
-    Attributes:
-      name: 'qwen', 'plain' or 'checkpoint'.
-      system_prefix, system_suffix: text around the system prompt.
-      user_prefix, user_suffix: text around each observation (the suffix opens the action).
-      action_suffix: text after the stop token that closes an action, before the next turn.
-      stop_token: the token that ends an action (the sampler's stop; one id).
-      strip_content: the system prompt and observations are stripped of surrounding whitespace
-        first, as a template that ``trim``s message content (Llama 3's) renders them.
-      source: where the template came from (a checkpoint's file), for messages.
-    """
-
-    name: str
-    system_prefix: str
-    system_suffix: str
-    user_prefix: str
-    user_suffix: str
-    action_suffix: str
-    stop_token: str = IM_END
-    strip_content: bool = False
-    source: str = ""
-
-    def system_text(self, system: str) -> str:
-        """The system piece as text: what ``system_ids`` encodes."""
-        return self.system_prefix + self._content(system) + self.system_suffix
-
-    def turn_text(self, observation: str, *, first: bool) -> str:
-        """A user turn as text: what ``turn_ids`` encodes."""
-        text = ("" if first else self.action_suffix) + self.user_prefix
-        return text + self._content(observation) + self.user_suffix
-
-    def system_ids(self, tokenizer: TokenizerLike, system: str) -> list[int]:
-        return _encode(tokenizer, self.system_text(system))
-
-    def turn_ids(self, tokenizer: TokenizerLike, observation: str, *, first: bool) -> list[int]:
-        """Ids fed before an action: the previous action's closing text (unless first), the obs."""
-        return _encode(tokenizer, self.turn_text(observation, first=first))
-
-    def stop_id(self, tokenizer: TokenizerLike) -> int:
-        return tokenizer.convert_tokens_to_ids(self.stop_token)
-
-    def _content(self, text: str) -> str:
-        return text.strip() if self.strip_content else text
-
+from agentrl_jax.rollout import chat_checkpoint
+from agentrl_jax.rollout.chat_checkpoint import CHECKPOINT
+from agentrl_jax.rollout.chat_template import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    ChatTemplate,
+    TokenizerLike,
+)
 
 TEMPLATES = {
     "qwen": ChatTemplate(
@@ -101,9 +54,6 @@ TEMPLATES = {
         action_suffix="\n",
     ),
 }
-
-
-CHECKPOINT = "checkpoint"
 
 
 def get_template(
@@ -129,9 +79,6 @@ def get_template(
                 "directory: pass tokenizer= and directory= (config.model.checkpoint or "
                 "config.model.tokenizer)"
             )
-        # Imported here: chat_checkpoint builds on this module's ChatTemplate.
-        from agentrl_jax.rollout import chat_checkpoint
-
         return chat_checkpoint.checkpoint_template(
             directory, tokenizer, system_prompt=system_prompt
         )
@@ -141,7 +88,13 @@ def get_template(
     return TEMPLATES[name]
 
 
-def _encode(tokenizer: TokenizerLike, text: str) -> list[int]:
-    # Special tokens in the template text are parsed as single ids by HF tokenizers; no BOS/EOS
-    # is added, so pieces concatenate to exactly what the model reads.
-    return list(tokenizer.encode(text, add_special_tokens=False))
+__all__ = [
+    "CHECKPOINT",
+    "ENDOFTEXT",
+    "IM_END",
+    "IM_START",
+    "TEMPLATES",
+    "ChatTemplate",
+    "TokenizerLike",
+    "get_template",
+]

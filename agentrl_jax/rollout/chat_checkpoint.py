@@ -3,7 +3,7 @@
 A Hugging Face checkpoint carries its chat template as jinja text: ``chat_template.jinja`` beside
 the tokenizer (what recent transformers write), else the ``chat_template`` field of
 ``tokenizer_config.json`` (or of ``chat_template.json``). A rollout never renders a whole
-conversation: it encodes each piece once, as it enters the model's context (``chat.ChatTemplate``):
+conversation: it encodes each piece once, as it enters the model's context (``ChatTemplate``):
 the system piece, each user turn with the generation prompt, and the text that closes an action
 after the stop token the sampler emits. :func:`derive_template` gets those pieces from the template
 itself, by rendering short conversations with ``tokenizer.apply_chat_template`` (transformers' own
@@ -44,7 +44,9 @@ import json
 import pathlib
 from collections.abc import Sequence
 
-from agentrl_jax.rollout.chat import CHECKPOINT, ChatTemplate
+from agentrl_jax.rollout.chat_template import ChatTemplate
+
+CHECKPOINT = "checkpoint"  # the name of the template a checkpoint's own becomes
 
 # Where a checkpoint keeps its chat template, most specific first (transformers' order).
 JINJA_FILE = "chat_template.jinja"

@@ -39,12 +39,11 @@ from typing import Protocol
 import jax
 import numpy as np
 
-from agentrl_jax import timing
+from agentrl_jax import chaos, timing
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.rollout.chat import ChatTemplate
+from agentrl_jax.rollout.chat_template import ChatTemplate
 from agentrl_jax.rollout.trajectory import Step, Trajectory
-from agentrl_jax.run import chaos
 from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.sampling.logits import as_typed_key, fold_in
 

@@ -9,6 +9,7 @@ with an error that names the field and lists the valid choices.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import importlib.util
 import math
@@ -583,6 +584,22 @@ def import_plugins(names) -> tuple[str, ...]:
                 f"(is it on sys.path? sys.path[0] is {sys.path[0]!r})"
             ) from e
     return tuple(names)
+
+
+def missing_key(config, dotted: str) -> str | None:
+    """The one-line error when ConfigDict ``config`` has no ``dotted`` key (``"rl.lr"``), naming
+    the section's valid keys and the closest match; None when it has it."""
+    path = dotted.split(".")
+    node, where = config, "config"
+    for key in path:
+        keys = sorted(node.keys()) if hasattr(node, "keys") else []
+        if key not in keys:
+            close = difflib.get_close_matches(key, keys, n=1)
+            hint = f" (did you mean {where}.{close[0]}?)" if close else ""
+            valid = ", ".join(keys) if keys else f"none: {where} is not a section"
+            return f"config error: {where} has no key {key!r}{hint}; valid keys: {valid}"
+        node, where = node[key], f"{where}.{key}"
+    return None
 
 
 def load_config_file(spec: str):

@@ -42,6 +42,7 @@ from agentrl_jax import sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout.rollout import RolloutWorker, cut_waves
 from agentrl_jax.rollout.trajectory import Trajectory
+from agentrl_jax.sharding import host_array  # re-exported: the gathers of a run are here
 
 
 def is_primary() -> bool:
@@ -131,19 +132,6 @@ def broadcast_object(make: Callable[[], Any]) -> Any:
     """Process 0's ``make()``, on every process (only process 0 calls ``make``)."""
     value = make() if is_primary() else None
     return allgather_objects(value)[0]
-
-
-def host_array(x: jax.Array) -> np.ndarray:
-    """The whole of a (possibly multi-host) array on this host, as numpy.
-
-    An array whose shards all live on this process is read directly (the single-process path);
-    otherwise the other processes' shards are all-gathered (a collective: all processes call it).
-    """
-    if getattr(x, "is_fully_addressable", True):
-        return np.asarray(x)
-    from jax.experimental import multihost_utils  # noqa: PLC0415 (multi-host only)
-
-    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
 
 
 def sampler_mesh_shape(cfg: ModelConfig, num_devices: int) -> tuple[int, int, int]:

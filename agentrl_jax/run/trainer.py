@@ -21,11 +21,13 @@ TensorBoard, eval reports and progress bars; checkpoints go through orbax from a
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import math
 import os
 import pathlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -36,7 +38,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax import kernels, sharding, timing
+from agentrl_jax import chaos, kernels, sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.experiments import evaluate as evaluation
@@ -51,7 +53,7 @@ from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, rende
 from agentrl_jax.rollout.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
-from agentrl_jax.run import chaos, multihost, paths, workdir_config
+from agentrl_jax.run import multihost, paths, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.run.config import RunConfig
 from agentrl_jax.run.tensorboard import SummaryWriter
@@ -755,12 +757,11 @@ class Trainer:
         tasks = [self.rl_tasks[lv][np_rng.integers(len(self.rl_tasks[lv]))] for lv in levels]
 
         t0 = time.perf_counter()
-        self._sync_sampler()
         sampling = rl_sampling(cfg)
-        with timing.phase("text"):  # its own seconds: rendering, encoding, contexts, decoding
+        # text: its own seconds (rendering, encoding, contexts, decoding); the sampler's copy of
+        # the policy is released on exit, so it is not held through the update.
+        with self.policy_in_sampler(), timing.phase("text"):
             trajs = self.worker.run(tasks, rng, sampling=sampling)
-        with timing.phase("sync"):
-            self.sampler.release()  # its own copy of the policy is not held through the update
         t_rollout = time.perf_counter() - t0
 
         good = [t for t in trajs if not t.infra_failure and t.steps]
@@ -793,6 +794,21 @@ class Trainer:
         )
         return metrics
 
+    @contextlib.contextmanager
+    def policy_in_sampler(self) -> Iterator[None]:
+        """The current policy in the sampler for the ``with`` block (a rollout, an evaluation).
+
+        Synced on entry (``_sync_sampler``) and released on exit, also when the block raises,
+        both timed as ``sync``: the sampler's own copy of the policy is never held past the
+        block (through the RL update, whose learner programs are planned without it).
+        """
+        self._sync_sampler()
+        try:
+            yield
+        finally:
+            with timing.phase("sync"):
+                self.sampler.release()
+
     def _sync_sampler(self) -> None:
         """Gives the sampler the current policy (``sync_sampler``)."""
         policy = (self.state if self.sft_state is None else self.sft_state).policy
@@ -811,7 +827,6 @@ class Trainer:
             return self._evaluate(name, report)
 
     def _evaluate(self, name: str, report: bool) -> dict[str, float]:
-        self._sync_sampler()
         sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
         if report:
             sets += [("report", key, tasks) for key, tasks in self.report_tasks.items()]
@@ -821,27 +836,29 @@ class Trainer:
             ", ".join(f"{level} ({len(tasks)} games)" for _, level, tasks in sets),
         )
         out, results, played = {}, {}, {}
-        for prefix, level, tasks in sets:
-            ids = tuple((t.split, t.id) for t in tasks)
-            if ids not in played:
-                played[ids] = evaluation.evaluate(
-                    self.worker,
-                    tasks,
-                    jax.random.key(0),
-                    greedy=True,
-                    seed=self.config.seed,
-                    transcripts=self.config.env.num_transcripts,
-                )
-            result = results[level] = played[ids]
-            if multihost.is_primary():
-                evaluation.write_report(
-                    result, os.path.join(self.workdir, "eval"), f"{name}_{level.replace('@', '_')}"
-                )
-            overall = result.overall
-            out[f"{prefix}/{level}/success_rate"] = overall.success_rate
-            out[f"{prefix}/{level}/mean_steps"] = overall.mean_steps
-            out[f"{prefix}/{level}/mean_return"] = overall.mean_return
-        self.sampler.release()  # the next rollout or evaluation syncs a fresh copy
+        with self.policy_in_sampler():  # the next rollout or evaluation syncs a fresh copy
+            for prefix, level, tasks in sets:
+                ids = tuple((t.split, t.id) for t in tasks)
+                if ids not in played:
+                    played[ids] = evaluation.evaluate(
+                        self.worker,
+                        tasks,
+                        jax.random.key(0),
+                        greedy=True,
+                        seed=self.config.seed,
+                        transcripts=self.config.env.num_transcripts,
+                    )
+                result = results[level] = played[ids]
+                if multihost.is_primary():
+                    evaluation.write_report(
+                        result,
+                        os.path.join(self.workdir, "eval"),
+                        f"{name}_{level.replace('@', '_')}",
+                    )
+                overall = result.overall
+                out[f"{prefix}/{level}/success_rate"] = overall.success_rate
+                out[f"{prefix}/{level}/mean_steps"] = overall.mean_steps
+                out[f"{prefix}/{level}/mean_return"] = overall.mean_return
         out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.meta["evals"][name] = {level: r.to_json() for level, r in results.items()}
         summary = [

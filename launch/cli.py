@@ -1,5 +1,9 @@
 """What the command lines share: flag parsing and workdir checks that end in one clear line.
 
+Launch code, beside the entry points that use it (``launch/train.py``, ``eval.py``, ``plan.py``,
+``study.py``); it moved here from ``agentrl_jax/run/cli.py`` (the old name still imports, with a
+DeprecationWarning).
+
 A wrong ``--config.<section>.<key>=...`` override or an unusable ``--workdir`` is the user's
 mistake, not the program's: the launchers print one line naming the key or path and what was
 expected, and exit with status 2 (absl's usage-error code) instead of a traceback.
@@ -7,7 +11,6 @@ expected, and exit with status 2 (absl's usage-error code) instead of a tracebac
 
 from __future__ import annotations
 
-import difflib
 import importlib.util
 import os
 import sys
@@ -16,6 +19,7 @@ from collections.abc import Sequence
 from absl import flags
 
 from agentrl_jax.run import paths
+from agentrl_jax.run.config import missing_key
 
 USAGE_ERROR = 2
 
@@ -62,22 +66,6 @@ def _bad_override(config, arg: str) -> str | None:
     if config is None or not arg.startswith("--config."):
         return None
     return missing_key(config, arg[len("--config.") :].split("=", 1)[0])
-
-
-def missing_key(config, dotted: str) -> str | None:
-    """The one-line error when ConfigDict ``config`` has no ``dotted`` key (``"rl.lr"``), naming
-    the section's valid keys and the closest match; None when it has it."""
-    path = dotted.split(".")
-    node, where = config, "config"
-    for key in path:
-        keys = sorted(node.keys()) if hasattr(node, "keys") else []
-        if key not in keys:
-            close = difflib.get_close_matches(key, keys, n=1)
-            hint = f" (did you mean {where}.{close[0]}?)" if close else ""
-            valid = ", ".join(keys) if keys else f"none: {where} is not a section"
-            return f"config error: {where} has no key {key!r}{hint}; valid keys: {valid}"
-        node, where = node[key], f"{where}.{key}"
-    return None
 
 
 def usable_workdir(path: str) -> str:

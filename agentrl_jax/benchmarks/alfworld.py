@@ -1,7 +1,8 @@
 """ALFWorld rows of the env benchmark: one process sequential against the actor pool.
 
 ``bench_rows(quick)`` returns ``Row``s (``agentrl_jax.benchmarks.report``) that
-``agentrl_jax/benchmarks/envs.py`` adds to its report:
+``agentrl_jax/benchmarks/envs.py`` adds to its report (``python -m launch.bench envs``; this
+module is not a benchmark of its own):
 
 - ``alfworld reset, pool vs 1 process`` (resets/s): ``ours`` = ``ActorPool`` with one worker per
   core resetting a batch of distinct tasks; ``reference`` = one env resetting them one by one.

@@ -1,0 +1,75 @@
+"""The pieces of a multi-turn conversation and their token ids: ``ChatTemplate``.
+
+A template is text around the system prompt, around each observation (the user turn, whose
+suffix opens the action) and after the stop token that closes an action. Each piece is encoded
+once, as it enters the model's context (token-in, token-out: ``rollout/chat.py``). The templates
+themselves, by name, are in ``rollout/chat.py``; a checkpoint's own, read from its jinja text, in
+``rollout/chat_checkpoint.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Protocol
+
+IM_START, IM_END, ENDOFTEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
+
+
+class TokenizerLike(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> list[int]: ...
+
+    def convert_tokens_to_ids(self, token: str) -> int: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+    """Encodes the pieces of a multi-turn conversation.
+
+    Attributes:
+      name: 'qwen', 'plain' or 'checkpoint'.
+      system_prefix, system_suffix: text around the system prompt.
+      user_prefix, user_suffix: text around each observation (the suffix opens the action).
+      action_suffix: text after the stop token that closes an action, before the next turn.
+      stop_token: the token that ends an action (the sampler's stop; one id).
+      strip_content: the system prompt and observations are stripped of surrounding whitespace
+        first, as a template that ``trim``s message content (Llama 3's) renders them.
+      source: where the template came from (a checkpoint's file), for messages.
+    """
+
+    name: str
+    system_prefix: str
+    system_suffix: str
+    user_prefix: str
+    user_suffix: str
+    action_suffix: str
+    stop_token: str = IM_END
+    strip_content: bool = False
+    source: str = ""
+
+    def system_text(self, system: str) -> str:
+        """The system piece as text: what ``system_ids`` encodes."""
+        return self.system_prefix + self._content(system) + self.system_suffix
+
+    def turn_text(self, observation: str, *, first: bool) -> str:
+        """A user turn as text: what ``turn_ids`` encodes."""
+        text = ("" if first else self.action_suffix) + self.user_prefix
+        return text + self._content(observation) + self.user_suffix
+
+    def system_ids(self, tokenizer: TokenizerLike, system: str) -> list[int]:
+        return _encode(tokenizer, self.system_text(system))
+
+    def turn_ids(self, tokenizer: TokenizerLike, observation: str, *, first: bool) -> list[int]:
+        """Ids fed before an action: the previous action's closing text (unless first), the obs."""
+        return _encode(tokenizer, self.turn_text(observation, first=first))
+
+    def stop_id(self, tokenizer: TokenizerLike) -> int:
+        return tokenizer.convert_tokens_to_ids(self.stop_token)
+
+    def _content(self, text: str) -> str:
+        return text.strip() if self.strip_content else text
+
+
+def _encode(tokenizer: TokenizerLike, text: str) -> list[int]:
+    # Special tokens in the template text are parsed as single ids by HF tokenizers; no BOS/EOS
+    # is added, so pieces concatenate to exactly what the model reads.
+    return list(tokenizer.encode(text, add_special_tokens=False))
