@@ -117,13 +117,13 @@ def register(
     factory: str | Callable[..., Env],
     *,
     overwrite: bool = False,
-    make_tasks: str | Callable[..., Any] = "",
+    make_tasks: str | Callable[..., Any] | None = "",
     splits: tuple[str, ...] = (TRAIN_SPLIT, "valid", "test"),
     eval_split: str = "valid",
     report_split: str = "",
     levels: tuple[str, ...] = (),
-    task_type: str | Callable[..., str] = "",
-    prepare: str | Callable[..., Any] = "",
+    task_type: str | Callable[..., str] | None = "",
+    prepare: str | Callable[..., Any] | None = "",
 ) -> EnvFamily:
     """Registers the env family ``name`` (see :class:`EnvFamily` for the fields).
 
@@ -235,7 +235,9 @@ def _load(path: str, name: str) -> Any:
     return obj
 
 
-def _path(obj: str | Callable[..., Any]) -> str:
+def _path(obj: str | Callable[..., Any] | None) -> str:
+    if obj is None:
+        return ""
     return obj if isinstance(obj, str) else _import_path(obj)
 
 
