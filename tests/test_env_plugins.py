@@ -11,6 +11,7 @@ import pytest
 import train_cli
 
 from agentrl_jax.envs import registry
+from agentrl_jax.experiments import study as study_lib
 from agentrl_jax.rollout.tasks import make_tasks, report_levels
 from agentrl_jax.run.config import ConfigError, from_config_dict, load_config_file
 
@@ -87,6 +88,41 @@ def test_the_registry_carries_the_family_whole(toy_family):
 def test_unknown_env_split_or_level_fails_naming_the_field(toy_family, env, match):
     with pytest.raises(ConfigError, match=match):
         from_config_dict(_config(**env), num_devices=1)
+
+
+def test_a_study_reports_on_the_family_split_and_prepares_its_tasks(toy_family, tmp_path):
+    """A study that names no evaluation split reports on the family's report split, and its
+    cells' tasks go through the family's ``prepare`` hook once, before they start."""
+    baseline = tmp_path / "baseline.py"
+    baseline.write_text(
+        "import importlib.util\n"
+        f"path = {os.path.join(REPO, CONFIG)!r}\n"
+        "spec = importlib.util.spec_from_file_location('toy_cfg', path)\n"
+        "toy = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(toy)\n"
+        "def get_config(arg=None):\n"
+        "    c = toy.get_config(arg)\n"
+        "    c.plugins = ('toy_env_family',)\n"
+        "    return c\n"
+    )
+    study_file = tmp_path / "toy_study.py"
+    study_file.write_text(
+        "def get_study():\n"
+        f"    return dict(baseline={str(baseline)!r}, variants={{'grpo': {{}}}}, seeds=(0,),\n"
+        "                evaluation=dict(num_tasks=2))\n"
+    )
+    study = study_lib.load_study(str(study_file))
+    assert study.evaluation.split == "heldout"
+    configs = study_lib.prepare(study, str(tmp_path / "study"))
+    (config,) = configs.values()
+    assert config.env.report_levels == ("short@heldout",) and config.env.num_report_tasks == 2
+    toy_family.PREPARED.clear()
+    assert study_lib.generate_games(list(configs.values()), progress=False) == 2 + 1 + 2
+    assert sorted(toy_family.PREPARED) == [
+        ("short", "dev", 1),
+        ("short", "heldout", 2),
+        ("short", "train", 2),
+    ]
 
 
 def test_register_checks_the_splits():

@@ -24,6 +24,7 @@ COMMANDS = tuple(f"go {d}" for d in DOORS) + ("look",)
 LEVELS = {"short": 1, "long": 2}
 SPLITS = ("train", "dev", "heldout")
 TASKS_PER_SPLIT = 4
+PREPARED: list[tuple[str, str, int]] = []  # the jobs ``prepare`` was given, in order
 
 
 class CorridorEnv(Env):
@@ -82,6 +83,13 @@ def make_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -
     return tasks
 
 
+def prepare(jobs, progress: bool = True) -> None:
+    """A study's hook before its cells start (a family whose tasks are costly builds them here,
+    once); the corridors are free, so it only records what it was asked for."""
+    del progress
+    PREPARED.extend(jobs)
+
+
 agentrl_jax.register_env(
     NAME,
     CorridorEnv,
@@ -90,5 +98,6 @@ agentrl_jax.register_env(
     eval_split="dev",
     report_split="heldout",
     levels=tuple(LEVELS),
+    prepare=prepare,
     overwrite=True,
 )
