@@ -73,8 +73,11 @@ def main(argv):
         cli.fail(f"eval: --env={_ENV.value} but the run trained on {cd.env.name!r}")
     try:  # The run's plugins register its env family (and its losses) before anything asks.
         import_plugins(tuple(cd.get("plugins", ()) or ()))
+    except ConfigError as e:
+        cli.fail(f"config error: {e}")
+    try:
         family = registry.family(cd.env.name)
-    except (ConfigError, ValueError) as e:
+    except ValueError as e:
         cli.fail(f"config error: config.env.name: {e}")
     split = _SPLIT.value
     valid_splits = family.held_out_splits
