@@ -63,7 +63,8 @@ Environments and results:
 - ``Task``: one task instance (env family, split, id, parameters).
 - ``Observation``: what an environment shows the agent.
 - ``make_env``: builds a registered environment by name (``"textworld"``, ``"alfworld"``, ...).
-- ``register_env``: registers an environment factory under a name.
+- ``register_env``: registers an environment family under a name: its factory, task source,
+  splits, tuning and report splits (docs/environments.md).
 - ``env_names``: the registered environment names.
 - ``make_tasks``: the tasks of a level and split of an env family (games are made on first use).
 - ``evaluate``: plays held-out tasks with a rollout worker and reports success per task type.

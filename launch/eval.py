@@ -11,13 +11,14 @@ steps; the split, number of games, decoding mode, temperature and seed) and
 ``learning_curve.png`` from the run's TensorBoard scalars (SFT against its steps, RL against its
 episodes, evaluations marked).
 
-``--split``: a held-out split of the env (TextWorld: ``valid``, the tuning split, or ``test``,
-the reporting one; default: the run's evaluation split). ``--decoding``: ``constrained`` (the
-policy writes one of the env's admissible commands; the env must list them) or ``free`` (default:
-the run's). Reports are named ``eval_<split>[_<decoding>]_<level>_<split>``; beside each, its
-first ``--transcripts`` episodes as text (``..._transcripts.md``: what the model read and wrote
-each turn; default: the run's ``env.num_transcripts``, 3). Library logs
-(orbax, JAX) go to ``WORKDIR/logs/eval.log``, not the console (``--alsologtostderr``: both).
+``--split``: a held-out split of the env family, as it registered them (TextWorld: ``valid``,
+the tuning split, or ``test``, the reporting one; default: the run's evaluation split).
+``--decoding``: ``constrained`` (the policy writes one of the env's admissible commands; the env
+must list them) or ``free`` (default: the run's). Reports are named
+``eval_<split>[_<decoding>]_<level>_<split>``; beside each, its first ``--transcripts`` episodes
+as text (``..._transcripts.md``: what the model read and wrote each turn; default: the run's
+``env.num_transcripts``, 3). Library logs (orbax, JAX) go to ``WORKDIR/logs/eval.log``, not the
+console (``--alsologtostderr``: both).
 """
 
 import json
@@ -28,16 +29,18 @@ import ml_collections
 from absl import app, flags
 
 from agentrl_jax import compile_cache
+from agentrl_jax.envs import registry
 from agentrl_jax.experiments import evaluate as evaluation
-from agentrl_jax.rollout.tasks import HELD_OUT_SPLITS
 from agentrl_jax.run import logs
-from agentrl_jax.run.config import ConfigError, from_config_dict
+from agentrl_jax.run.config import ConfigError, from_config_dict, import_plugins
 from launch import cli
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "The run's workdir (from launch.train).")
 _ENV = flags.DEFINE_string("env", None, "Env family; must match the run's (default: the run's).")
 _SPLIT = flags.DEFINE_string(
-    "split", None, "Held-out split: valid|test for TextWorld (default: the env's eval split)."
+    "split",
+    None,
+    "A held-out split of the env family (TextWorld: valid|test; default: its eval split).",
 )
 _DECODING = flags.DEFINE_enum(
     "decoding",
@@ -69,9 +72,17 @@ def main(argv):
         cd = ml_collections.ConfigDict(json.load(f))
     if _ENV.value and _ENV.value != cd.env.name:
         cli.fail(f"eval: --env={_ENV.value} but the run trained on {cd.env.name!r}")
+    try:  # The run's plugins register its env family (and its losses) before anything asks.
+        import_plugins(tuple(cd.get("plugins", ()) or ()))
+    except ConfigError as e:
+        cli.fail(f"config error: {e}")
+    try:
+        family = registry.family(cd.env.name)
+    except ValueError as e:
+        cli.fail(f"config error: config.env.name: {e}")
     split = _SPLIT.value
-    valid_splits = HELD_OUT_SPLITS.get(cd.env.name)
-    if split and valid_splits and split not in valid_splits:
+    valid_splits = family.held_out_splits
+    if split and split not in valid_splits:
         cli.fail(
             f"eval: --split={split!r} is not a held-out split of {cd.env.name!r}; expected one "
             f"of {', '.join(valid_splits)}"

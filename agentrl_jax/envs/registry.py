@@ -1,7 +1,13 @@
-"""Environments by name: ``make_env("textworld", max_steps=50)``.
+"""Environment families by name: ``make_env("textworld", max_steps=50)``, ``family("alfworld")``.
 
-Each name maps to an import path ``"module:attribute"`` of a factory (an ``Env`` subclass or a
-function returning an ``Env``). Paths are strings, imported on first use, so that
+A family is whole (an :class:`EnvFamily`): its env factory, its task source, its split names,
+the split tuning and checkpoint selection read (``eval_split``), the split the reported numbers
+come from (``report_split``), and optionally its known levels, a task-type hook for the reports
+and a hook that builds tasks ahead of a study. A user's module registers one with
+``register_env(name, factory, make_tasks=..., splits=..., ...)`` and it trains, evaluates and
+reports with no edit to the package (``config.plugins`` imports the module; docs/environments.md).
+
+Callables are stored as import paths ``"module:attribute"``, imported on first use, so that
 
 - registering a family costs nothing until it is used (ALFWorld pulls in heavy packages), and
 - the actor pool can send a name to a fresh worker process, which resolves the same path there
@@ -10,43 +16,167 @@ function returning an ``Env``). Paths are strings, imported on first use, so tha
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Callable
 from typing import Any
 
 from agentrl_jax.envs.base import Env
 
-# name -> "module:attribute". ALFWorld's module registers the same way (its own file); the
-# lazy path here is the hook so that ``make_env("alfworld")`` works without importing it first.
-_REGISTRY: dict[str, str] = {
-    "textworld": "agentrl_jax.envs.textworld_env:TextWorldEnv",
-    "alfworld": "agentrl_jax.envs.alfworld_env:ALFWorldEnv",
-    "swe": "agentrl_jax.swe.env:SweEnv.from_jsonl",
-}
+TRAIN_SPLIT = "train"  # the split every family trains on (demonstrations, RL)
 
 
-def register(name: str, factory: str | Callable[..., Env], *, overwrite: bool = False) -> None:
-    """Registers ``factory`` under ``name``.
+@dataclasses.dataclass(frozen=True)
+class EnvFamily:
+    """Everything the system needs to train, evaluate and report on an env family.
+
+    Attributes:
+      name: the family's name in tasks (``Task.env``) and configs (``config.env.name``).
+      factory: ``"module:attribute"`` of an ``Env`` subclass or a function returning an ``Env``.
+      make_tasks: ``"module:attribute"`` of ``make_tasks(level, split, count, env_kwargs) ->
+        list[Task]`` (``count`` tasks of ``level`` from ``split``, fewer if it holds fewer); ""
+        for an env built only by hand (no config run can draw tasks from it).
+      splits: every split name, ``"train"`` first; the rest are held out.
+      eval_split: the held-out split tuning and checkpoint selection read (in-run evaluations).
+      report_split: the held-out split the before/after numbers come from; no tuning path
+        should read it (TextWorld: ``test``; a family without a third split reports on its
+        ``eval_split``).
+      levels: the level names its task source knows (a config naming another fails before
+        compute); empty: open-ended (TextWorld's ``custom:R,O,Q``, SWE's repository names).
+      task_type: ``"module:attribute"`` of ``task_type(task) -> str`` ("" for none), the
+        category a report breaks success down by when the episode's info and the task's params
+        name none (``experiments/evaluate.task_type``).
+      prepare: ``"module:attribute"`` of ``prepare(jobs, progress) -> None`` ("" for none):
+        builds the tasks of ``jobs``, ``(level, split, count)`` triples, ahead of a study whose
+        cells run in parallel (TextWorld generates its games once, not once per cell).
+    """
+
+    name: str
+    factory: str
+    make_tasks: str = ""
+    splits: tuple[str, ...] = (TRAIN_SPLIT, "valid", "test")
+    eval_split: str = "valid"
+    report_split: str = ""
+    levels: tuple[str, ...] = ()
+    task_type: str = ""
+    prepare: str = ""
+
+    def __post_init__(self):
+        def problem(what: str) -> ValueError:
+            return ValueError(f"env family {self.name!r}: {what}")
+
+        if not self.name or ":" in self.name:
+            raise problem("a name must be non-empty and hold no ':'")
+        for field in ("factory", "make_tasks", "task_type", "prepare"):
+            path = getattr(self, field)
+            if not isinstance(path, str) or (path and ":" not in path):
+                raise problem(f"{field}={path!r} must look like 'module:attr'")
+        splits = tuple(self.splits)
+        if not splits or splits[0] != TRAIN_SPLIT or len(set(splits)) != len(splits):
+            raise problem(f"splits={splits!r}: expected distinct names, {TRAIN_SPLIT!r} first")
+        object.__setattr__(self, "splits", splits)
+        object.__setattr__(self, "levels", tuple(self.levels))
+        object.__setattr__(self, "report_split", self.report_split or self.eval_split)
+        for field in ("eval_split", "report_split"):
+            if getattr(self, field) not in self.held_out_splits:
+                raise problem(
+                    f"{field}={getattr(self, field)!r} is not one of its held-out splits "
+                    f"{self.held_out_splits}"
+                )
+
+    @property
+    def held_out_splits(self) -> tuple[str, ...]:
+        """The splits evaluations may read (``launch.eval --split``): all but ``train``."""
+        return self.splits[1:]
+
+    def hook(self, field: str) -> Callable[..., Any] | None:
+        """The callable registered as ``field`` (``make_tasks``, ``task_type``, ``prepare``),
+        imported; None when the family registered none."""
+        path = getattr(self, field)
+        return _load(path, self.name) if path else None
+
+    def tasks(self, level: str, split: str, count: int, env_kwargs: dict[str, Any] | None = None):
+        """``count`` tasks of ``level`` from ``split`` (ValueError on a split it does not have)."""
+        if not self.make_tasks:
+            raise ValueError(
+                f"env {self.name!r} is registered without a task source; register it with "
+                "register_env(name, factory, make_tasks='module:function', splits=...)"
+            )
+        if split not in self.splits:
+            raise ValueError(
+                f"env {self.name!r} has no split {split!r}; its splits: {', '.join(self.splits)}"
+            )
+        return self.hook("make_tasks")(level, split, count, dict(env_kwargs or {}))
+
+
+_REGISTRY: dict[str, EnvFamily] = {}
+
+
+def register(
+    name: str,
+    factory: str | Callable[..., Env],
+    *,
+    overwrite: bool = False,
+    make_tasks: str | Callable[..., Any] | None = "",
+    splits: tuple[str, ...] = (TRAIN_SPLIT, "valid", "test"),
+    eval_split: str = "valid",
+    report_split: str = "",
+    levels: tuple[str, ...] = (),
+    task_type: str | Callable[..., str] | None = "",
+    prepare: str | Callable[..., Any] | None = "",
+) -> EnvFamily:
+    """Registers the env family ``name`` (see :class:`EnvFamily` for the fields).
 
     Args:
       name: the env family name used in tasks and configs.
       factory: ``"module:attribute"`` or an importable class/function (stored as its import path,
         so worker processes can resolve it; it must live at module level).
       overwrite: replace an existing registration instead of raising.
+      make_tasks, splits, eval_split, report_split, levels, task_type, prepare: the family's
+        task source and evaluation protocol (:class:`EnvFamily`); callables are stored as import
+        paths like ``factory``. Without ``make_tasks`` the env can be built (``make_env``, an
+        ``ActorPool``) but a config run cannot draw tasks from it.
+
+    Returns:
+      The registered :class:`EnvFamily`.
 
     Raises:
-      ValueError: ``name`` is taken and ``overwrite`` is False, or ``factory`` is not importable
-        by path (a lambda or a nested function).
+      ValueError: ``name`` is taken (by a different family) and ``overwrite`` is False, a
+        callable is not importable by path (a lambda or a nested function), or the splits are
+        inconsistent (``eval_split``/``report_split`` not among the held-out ``splits``).
     """
-    path = factory if isinstance(factory, str) else _import_path(factory)
-    if ":" not in path:
-        raise ValueError(f"factory path {path!r} for env {name!r} must look like 'module:attr'")
-    if name in _REGISTRY and _REGISTRY[name] != path and not overwrite:
+    family = EnvFamily(
+        name=name,
+        factory=_path(factory),
+        make_tasks=_path(make_tasks),
+        splits=tuple(splits),
+        eval_split=eval_split,
+        report_split=report_split,
+        levels=tuple(levels),
+        task_type=_path(task_type),
+        prepare=_path(prepare),
+    )
+    if name in _REGISTRY and _REGISTRY[name] != family and not overwrite:
         raise ValueError(
-            f"env name {name!r} is already registered to {_REGISTRY[name]!r}; "
+            f"env name {name!r} is already registered to {_REGISTRY[name].factory!r}; "
             "pass overwrite=True to replace it"
         )
-    _REGISTRY[name] = path
+    _REGISTRY[name] = family
+    return family
+
+
+def unregister(name: str) -> None:
+    """Removes the family ``name`` (a no-op when it is not registered)."""
+    _REGISTRY.pop(name, None)
+
+
+def family(name: str) -> EnvFamily:
+    """The :class:`EnvFamily` registered as ``name`` (ValueError listing the registered ones)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    raise ValueError(
+        f"unknown env {name!r}; valid names: {', '.join(names())} (the registered env families)"
+    )
 
 
 def names() -> list[str]:
@@ -57,30 +187,17 @@ def names() -> list[str]:
 def resolve(name: str) -> str:
     """The ``"module:attribute"`` path registered for ``name`` (ValueError listing valid names)."""
     if name in _REGISTRY:
-        return _REGISTRY[name]
+        return _REGISTRY[name].factory
     if ":" in name:  # Already a path: lets a worker process build envs registered elsewhere.
         return name
-    raise ValueError(f"unknown env {name!r}; valid names: {', '.join(names())}")
+    raise ValueError(
+        f"unknown env {name!r}; valid names: {', '.join(names())} (the registered env families)"
+    )
 
 
 def load_factory(name_or_path: str) -> Callable[..., Env]:
     """Imports the factory for a registered name or a ``"module:attribute"`` path."""
-    path = resolve(name_or_path)
-    module_name, _, attr = path.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ImportError(
-            f"env {name_or_path!r} is registered to {path!r} but module {module_name!r} "
-            f"cannot be imported: {e}"
-        ) from e
-    obj: Any = module
-    for part in attr.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError as e:
-            raise ImportError(f"env {name_or_path!r}: {module_name!r} has no {attr!r}") from e
-    return obj
+    return _load(resolve(name_or_path), name_or_path)
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
@@ -99,7 +216,32 @@ def lists_admissible_commands(name: str, kwargs: dict[str, Any]) -> bool | None:
     return None
 
 
-def _import_path(factory: Callable[..., Env]) -> str:
+def _load(path: str, name: str) -> Any:
+    """Imports ``"module:attribute"`` (``name``, the env it belongs to, names it in errors)."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ImportError(
+            f"env {name!r} is registered to {path!r} but module {module_name!r} "
+            f"cannot be imported: {e}"
+        ) from e
+    obj: Any = module
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError as e:
+            raise ImportError(f"env {name!r}: {module_name!r} has no {attr!r}") from e
+    return obj
+
+
+def _path(obj: str | Callable[..., Any] | None) -> str:
+    if obj is None:
+        return ""
+    return obj if isinstance(obj, str) else _import_path(obj)
+
+
+def _import_path(factory: Callable[..., Any]) -> str:
     qualname = getattr(factory, "__qualname__", "")
     module = getattr(factory, "__module__", None)
     if not module or not qualname or "<" in qualname:
@@ -108,3 +250,35 @@ def _import_path(factory: Callable[..., Env]) -> str:
             "function (not a lambda or a nested function) so worker processes can import it"
         )
     return f"{module}:{qualname}"
+
+
+# The built-in families, registered like a user's. Their task sources and hooks live in
+# rollout/tasks.py (ALFWorld's and SWE's import their data only when called).
+_TASKS = "agentrl_jax.rollout.tasks"
+register(
+    "textworld",
+    "agentrl_jax.envs.textworld_env:TextWorldEnv",
+    make_tasks=f"{_TASKS}:textworld_tasks",
+    splits=(TRAIN_SPLIT, "valid", "test"),
+    eval_split="valid",
+    report_split="test",
+    task_type=f"{_TASKS}:textworld_task_type",
+    prepare=f"{_TASKS}:textworld_prepare",
+)
+register(
+    "alfworld",
+    "agentrl_jax.envs.alfworld_env:ALFWorldEnv",
+    make_tasks=f"{_TASKS}:alfworld_tasks",
+    splits=(TRAIN_SPLIT, "valid_seen", "valid_unseen"),
+    eval_split="valid_unseen",
+    report_split="valid_unseen",  # no third split: the report reads the evaluations' split
+    task_type=f"{_TASKS}:alfworld_task_type",
+)
+register(
+    "swe",
+    "agentrl_jax.swe.env:SweEnv.from_jsonl",
+    make_tasks=f"{_TASKS}:swe_tasks",
+    splits=(TRAIN_SPLIT, "eval"),
+    eval_split="eval",
+    report_split="eval",
+)

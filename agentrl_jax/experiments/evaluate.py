@@ -7,10 +7,11 @@
     plot_learning_curve(workdir / "tb", workdir / "eval" / "learning_curve.png")
 
 Task type: what success is broken down by. The env's own report wins (a ``task_type`` in the
-trajectory's step info, as ALFWorld's env sends it); then the task's params (``task_type``, then
-the TextWorld game ``spec``, named by its preset when it is one: simple, medium, hard, else the
-spec's name such as custom-r6-o10-q5 or tw-cooking-...); then, for ALFWorld, the type encoded in
-the task id; else the first part of the task id.
+trajectory's step info, as ALFWorld's env sends it); then the task's ``task_type`` param; then
+the hook the task's env family registered (``registry.EnvFamily.task_type``: TextWorld names a
+game by its spec's preset when it is one, simple, medium, hard, else the spec's name such as
+custom-r6-o10-q5 or tw-cooking-...; ALFWorld reads the type encoded in the task id); else the
+first part of the task id.
 
 Episodes lost to the actor pool (``infra_failure``) say nothing about the policy: they are left
 out of every rate and mean, and counted.
@@ -245,23 +246,19 @@ def task_type(traj: Trajectory) -> str:
     task = traj.task
     if task.param("task_type"):
         return str(task.param("task_type"))
-    if task.param("spec"):
-        return _level_name(str(task.param("spec")))
-    if task.env == "alfworld":
-        from agentrl_jax.envs.alfworld_data import task_type_of  # noqa: PLC0415 - optional env.
-
-        return task_type_of(task.id)
-    return task.id.split("/", 1)[0]
+    hook = _family_task_type(task.env)
+    kind = hook(task) if hook else ""
+    return str(kind) if kind else task.id.split("/", 1)[0]
 
 
-def _level_name(spec: str) -> str:
-    """A TextWorld game spec's preset name (``custom-r2-o3-q2`` -> ``simple``), else the spec."""
-    from agentrl_jax.envs import games  # noqa: PLC0415 - light; textworld itself stays unloaded.
+def _family_task_type(env: str):
+    """The ``task_type`` hook the env family registered (None: none, or not registered)."""
+    from agentrl_jax.envs import registry  # noqa: PLC0415
 
-    for level in games.PRESETS:
-        if games.parse_spec(level).name == spec:
-            return level
-    return spec
+    try:
+        return registry.family(env).hook("task_type")
+    except ValueError:
+        return None
 
 
 def summarize(

@@ -8,7 +8,8 @@ A study file (``configs/studies/NAME.py``) defines ``get_study()`` returning a d
     reference="grpo"                              # differences are to it (default: the first)
     seeds=(0, 1, 2)
     evaluation=dict(split="test", num_tasks=200, levels=("simple", "medium"),
-                    decoding="constrained")       # decoding None/absent: each config's own
+                    decoding="constrained")       # decoding None/absent: each config's own;
+                                                  # split absent: the env family's report split
 
 ``evaluation`` sets the cells' report (``env.report_levels`` on ``split``, ``num_tasks`` games per
 level, ``env.num_report_tasks``): every cell's before/after numbers are on those games, greedy.
@@ -62,7 +63,7 @@ class StudyError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Evaluation:
-    split: str = "test"
+    split: str = ""  # empty: the baseline's env family's report split (its registry entry)
     num_tasks: int = 200
     levels: tuple[str, ...] = ()  # empty: the config's eval levels
     decoding: str | None = None  # "free" | "constrained" | None (the config's)
@@ -144,6 +145,8 @@ def load_study(path: str) -> Study:
             f"{where}['evaluation'] has unknown key(s) {unknown}; valid keys: "
             f"{list(EVALUATION_KEYS)}"
         )
+    if not ev.get("split"):
+        ev["split"] = _report_split(raw["baseline"], where)
     evaluation = Evaluation(**{**ev, "levels": tuple(ev.get("levels", ()))})
     if not isinstance(evaluation.num_tasks, int) or evaluation.num_tasks < 1:
         raise StudyError(
@@ -172,6 +175,20 @@ def _check_overrides(where: str, overrides: Any) -> None:
             f"{where} is {overrides!r}; expected a dict of dotted config keys, e.g. "
             "{'rl.actor_lr': 5e-4}"
         )
+
+
+def _report_split(baseline: str, where: str) -> str:
+    """The report split of the env family ``baseline`` (a config, as --config= names it) trains
+    on, its plugins imported first (a user's family registers there)."""
+    from agentrl_jax.envs import registry  # noqa: PLC0415
+    from agentrl_jax.run.config import import_plugins  # noqa: PLC0415
+
+    try:
+        cd = load_config_file(baseline)
+        import_plugins(tuple(cd.get("plugins", ()) or ()))
+        return registry.family(cd.env.name).report_split
+    except (OSError, ValueError) as e:
+        raise StudyError(f"{where}['evaluation']['split'] is not set and {e}") from e
 
 
 def cell_config(study: Study, variant: str, seed: int):
@@ -566,38 +583,42 @@ def prepare(study: Study, workdir: str) -> dict[tuple[str, int], Any]:
 
 
 def generate_games(configs: Sequence[Any], progress: bool = True) -> int:
-    """Makes every TextWorld game the cells will read, once, before they start (cells share the
-    game cache; two cells in parallel would otherwise both build the same missing games).
+    """Builds every task the cells will read, once, before they start, for the env families that
+    register a ``prepare`` hook (TextWorld: cells share the game cache; two cells in parallel
+    would otherwise both build the same missing games).
 
     Returns:
-      The number of games the cells use (made now or found in the cache).
+      The number of tasks the cells use (made now or found in the cache).
     """
-    from agentrl_jax.rollout.tasks import EVAL_SPLIT, parse_level  # noqa: PLC0415
+    from agentrl_jax.envs import registry  # noqa: PLC0415
+    from agentrl_jax.rollout.tasks import parse_level  # noqa: PLC0415
 
-    need: dict[tuple[str, str], int] = {}
-
-    def want(level: str, split: str, count: int) -> None:
-        need[(level, split)] = max(need.get((level, split), 0), count)
+    need: dict[str, dict[tuple[str, str], int]] = {}
 
     for cfg in configs:
         env = cfg.env
-        if env.name != "textworld":
+        family = registry.family(env.name)
+        if not family.prepare:
             continue
+        counts = need.setdefault(env.name, {})
+
+        def want(level: str, split: str, count: int, counts=counts) -> None:
+            counts[(level, split)] = max(counts.get((level, split), 0), count)
+
         for level in cfg.curriculum.levels:
-            want(level, "train", env.num_train_tasks)
+            want(level, registry.TRAIN_SPLIT, env.num_train_tasks)
         for level in env.eval_levels:
-            want(*parse_level(level, EVAL_SPLIT["textworld"]), env.num_eval_tasks)
+            want(*parse_level(level, family.eval_split), env.num_eval_tasks)
         for key in report_levels(
             env.name, env.report_levels, env.eval_levels, env.num_report_tasks
         ):
             want(*parse_level(key, ""), env.num_report_tasks)
-    if not need:
-        return 0
-    from agentrl_jax.envs import games  # noqa: PLC0415
-
-    jobs = [(level, split, i) for (level, split), n in sorted(need.items()) for i in range(n)]
-    games.generate(jobs, progress=progress)
-    return len(jobs)
+    total = 0
+    for name, counts in sorted(need.items()):
+        jobs = [(level, split, n) for (level, split), n in sorted(counts.items())]
+        registry.family(name).hook("prepare")(jobs, progress=progress)
+        total += sum(counts.values())
+    return total
 
 
 def _train_cmd(folder: str) -> list[str]:

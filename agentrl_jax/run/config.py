@@ -145,6 +145,39 @@ class ModelSection:
                 )
 
 
+def check_levels(family, field: str, levels, held_out: bool = True) -> None:
+    """Each of ``levels`` (``level`` or ``level@split``) names a level and split the env family
+    has (``registry.EnvFamily``): a held-out split where ``held_out``, none otherwise (train
+    levels read ``train``); a level among ``family.levels`` where it declares them.
+
+    Raises:
+      ConfigError: naming ``field``, the family and its splits or levels.
+    """
+    from agentrl_jax.envs import registry
+
+    for entry in levels:
+        if not isinstance(entry, str) or not entry.partition("@")[0]:
+            raise ConfigError(f"{field} holds {entry!r}; expected 'level' or 'level@split'")
+        level, at, split = entry.partition("@")
+        splits = family.held_out_splits if held_out else ()
+        if at and split not in splits:
+            where = (
+                f"one of {', '.join(splits)}"
+                if splits
+                else f"none (they read {registry.TRAIN_SPLIT!r})"
+            )
+            raise ConfigError(
+                f"{field} holds {entry!r}: env family {family.name!r} has no held-out split "
+                f"{split!r}; expected {where} (registered env families: "
+                f"{', '.join(registry.names())})"
+            )
+        if family.levels and level not in family.levels:
+            raise ConfigError(
+                f"{field} holds {entry!r}: env family {family.name!r} has no level {level!r}; "
+                f"expected one of {', '.join(family.levels)}"
+            )
+
+
 @dataclasses.dataclass(frozen=True)
 class EnvSection:
     name: str = "textworld"
@@ -171,6 +204,12 @@ class EnvSection:
         for name in ("train_levels", "eval_levels"):
             if not getattr(self, name):
                 raise ConfigError(f"config.env.{name} is empty; expected at least one level")
+        try:
+            family = registry.family(self.name)
+        except ValueError:  # a "module:attr" path: an env without a registered task source
+            return
+        for name in ("train_levels", "eval_levels", "report_levels"):
+            check_levels(family, f"config.env.{name}", getattr(self, name), name != "train_levels")
         _integer("config.env.num_train_tasks", self.num_train_tasks, 1)
         _integer("config.env.num_eval_tasks", self.num_eval_tasks, 1)
         _integer("config.env.num_report_tasks", self.num_report_tasks, 0)
@@ -460,16 +499,22 @@ class RunConfig:
                 f"after the budget's {split.num_demos} demonstrations; raise num_train_tasks "
                 f"above {split.num_demos}"
             )
-        if rollout.constrain_actions:
-            from agentrl_jax.envs import registry
+        from agentrl_jax.envs import registry
 
-            if registry.lists_admissible_commands(env.name, dict(env.kwargs)) is False:
-                raise ConfigError(
-                    "config.rollout.constrain_actions=True writes one of the env's admissible "
-                    f"commands, but config.env.name={env.name!r} with config.env.kwargs="
-                    f"{dict(env.kwargs)} lists none (set constrain_actions=False, or turn the "
-                    "env's admissible commands on)"
-                )
+        if env.name in registry.names():  # the curriculum's levels are train levels too
+            check_levels(
+                registry.family(env.name), "config.curriculum.stages", self.curriculum.levels, False
+            )
+        kwargs = dict(env.kwargs)
+        if rollout.constrain_actions and (
+            registry.lists_admissible_commands(env.name, kwargs) is False
+        ):
+            raise ConfigError(
+                "config.rollout.constrain_actions=True writes one of the env's admissible "
+                f"commands, but config.env.name={env.name!r} with config.env.kwargs="
+                f"{dict(env.kwargs)} lists none (set constrain_actions=False, or turn the "
+                "env's admissible commands on)"
+            )
 
     @property
     def needs_critic(self) -> bool:

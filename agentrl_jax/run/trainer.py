@@ -50,7 +50,7 @@ from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, render_observation
-from agentrl_jax.rollout.tasks import EVAL_SPLIT, make_tasks, parse_level, report_levels
+from agentrl_jax.rollout.tasks import eval_split, make_tasks, parse_level, report_levels
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import multihost, paths, workdir_config
@@ -297,10 +297,10 @@ class Trainer:
         logging.info("workdir: %s", self.workdir)
 
         # Held-out tasks per evaluation level; train tasks are made when first needed.
-        eval_split = EVAL_SPLIT.get(cfg.env.name, "valid")
+        split = eval_split(cfg.env.name)  # the family's tuning split (its registry entry)
         self.eval_tasks = {
             level: make_tasks(
-                cfg.env.name, *parse_level(level, eval_split), cfg.env.num_eval_tasks, env_kwargs
+                cfg.env.name, *parse_level(level, split), cfg.env.num_eval_tasks, env_kwargs
             )
             for level in cfg.env.eval_levels
         }
