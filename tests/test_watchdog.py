@@ -37,7 +37,9 @@ trainer = types.SimpleNamespace(
     save=lambda metrics=None: None,
     writer=types.SimpleNamespace(scalars=lambda m, step: None, flush=lambda: None),
     watchdog=Watchdog(config.watchdog_s),
+    profiles=[],
 )
+trainer._rl_loop_body = lambda *args: Trainer._rl_loop_body(trainer, *args)
 Trainer.run_rl(trainer)
 print("finished", trainer.meta["phase"], flush=True)
 """
