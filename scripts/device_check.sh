@@ -13,7 +13,8 @@
 #                      TextWorld, phase by phase, cold and warm compilation cache;
 #   3. parity.json     `launch.bench parity`: our bf16 logits and transformers' against f32;
 #   4. device.json     `launch.bench device --model=qwen2.5-1.5b`: the sampler (with its
-#                      roofline fraction) against transformers' generate, the RL update (MFU).
+#                      roofline fraction) against transformers' generate, the RL update (MFU);
+#                      profile.tar.gz: jax.profiler traces of one sampler run and one update.
 # Every step's JSON and the whole log (device_check.log) go to $OUT (default runs/device_check),
 # with summary.json (each step's exit code and seconds). It exits non-zero if any step failed.
 set -uo pipefail
@@ -94,8 +95,13 @@ print(json.dumps(versions))
 step iteration "${limits[0]}" "$py" -m launch.bench iteration "${quick[@]}" "${model[@]}" \
   --out "$out/iteration.json"
 step parity "${limits[1]}" "$py" -m launch.bench parity "${quick[@]}" --out "$out/parity.json"
+export AGENTRL_PROFILE_DIR="$out/profile"  # jax.profiler traces of a sampler run and an update
 step device "${limits[2]}" "$py" -m launch.bench device "${quick[@]}" "${device_model[@]}" \
   --out "$out/device.json"
+if [ -d "$out/profile" ]; then  # one file comes back from a device ($OUT: 8 files, 16 MiB each)
+  tar -czf "$out/profile.tar.gz" -C "$out" profile && rm -rf "$out/profile"
+  du -h "$out/profile.tar.gz" | tee -a "$log"
+fi
 printf '  "failed": %d\n}\n' "$failed" >>"$summary"
 echo "device_check: results in $out (failed: $failed)" | tee -a "$log"
 exit "$failed"

@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import subprocess
+import tarfile
 
 import pytest
 
@@ -74,3 +75,7 @@ def test_parity_and_device_rows(dry_run):
     assert parity["within_tolerance"], parity
     device = _json(dry_run / "device.json")["workloads"]["tiny/sampler_tokens_per_s"]
     assert device["roofline_fraction"] > 0
+    with tarfile.open(dry_run / "profile.tar.gz") as traces:  # the profiler's traces, packed
+        names = traces.getnames()
+    for row in ("tiny_sampler", "tiny_update"):
+        assert any(n.startswith(f"profile/{row}/") and n.endswith(".xplane.pb") for n in names)

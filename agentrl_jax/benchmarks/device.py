@@ -23,6 +23,10 @@ limits (``sampler_roofline_s``: prefill FLOPs at the dense peak, each decode ste
 keys/values read at the memory bandwidth of ``HBM_TBPS``, or its FLOPs where they take longer)
 over our seconds.
 
+With ``AGENTRL_PROFILE_DIR`` set, one more untimed sampler workload and one more update per
+preset run under ``jax.profiler.trace`` into ``$AGENTRL_PROFILE_DIR/<preset>_{sampler,update}``
+(``scripts/device_check.sh`` packs them into ``$OUT/profile.tar.gz``).
+
 Each row carries ``mfu``: model FLOPs per second over the chip's peak dense bfloat16 FLOP/s
 (``PEAK_BF16_TFLOPS``, from the vendors' data sheets; a chip not in the table, or ``--quick``,
 uses ``matmul_peak_tflops``, a measured bf16 matmul). Model FLOPs are the matmuls' 2 x
@@ -37,6 +41,7 @@ reference alternating with ours), medians, every run's seconds in the JSON.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import time
@@ -110,6 +115,18 @@ HBM_TBPS = {
     "TPU v5": 2.765,
     "TPU v4": 1.2,
 }
+
+
+PROFILE_DIR = "AGENTRL_PROFILE_DIR"
+
+
+def _profiled(name: str):
+    """A ``jax.profiler`` trace of the block into ``$AGENTRL_PROFILE_DIR/<name>`` (for
+    TensorBoard's profile plugin or Perfetto), or nothing when the variable is unset."""
+    root = os.environ.get(PROFILE_DIR)
+    if not root:
+        return contextlib.nullcontext()
+    return jax.profiler.trace(os.path.join(root, name))
 
 
 def chip_hbm_tbps(device: jax.Device) -> float | None:
@@ -241,6 +258,17 @@ def _sampler_row(
         obs_len=sizes.obs_len,
         action=sizes.action_len,
     )
+    with _profiled(f"{name}_sampler"):  # one more workload, ours alone, its programs compiled
+        _multi_turn(
+            sampler,
+            None,
+            cfg,
+            Sizes(batch=sizes.batch, repeats=1),
+            np.random.default_rng(0),
+            turns=sizes.turns,
+            obs_len=sizes.obs_len,
+            action=sizes.action_len,
+        )
     tokens = sizes.batch * sizes.turns * (sizes.obs_len + sizes.action_len)
     flops = sampler_flops(cfg, sizes)
     extra = {
@@ -307,6 +335,8 @@ def _update_row(name: str, sizes: DeviceSizes, peak: float) -> Row:
 
     one_update()  # compiles
     runs = Runs([one_update() for _ in range(sizes.repeats)])
+    with _profiled(f"{name}_update"):
+        one_update()
     lengths = [t.num_tokens for t in trajs]
     tokens = sum(lengths) * rl.epochs
     flops = update_flops(cfg, lengths, rl.epochs, kl=rl.kl_coef > 0)
