@@ -59,6 +59,7 @@ class PhaseClock:
         self.seconds: dict[str, float] = collections.defaultdict(float)
         self.compilations = 0
         self.cache_hits = 0
+        self.started = time.perf_counter()
         self._open: list[list] = []  # [path, children's seconds, scope] of each open phase
 
     @contextlib.contextmanager
@@ -100,6 +101,10 @@ class PhaseClock:
     def total(self) -> float:
         """Seconds inside any phase."""
         return sum(self.seconds.values())
+
+    def elapsed(self) -> float:
+        """Wall seconds since the clock was made."""
+        return time.perf_counter() - self.started
 
     def as_dict(self) -> dict[str, float]:
         return dict(sorted(self.seconds.items()))
@@ -193,10 +198,10 @@ class IterationProfile:
         return busy / self.wall_s if self.wall_s else 0.0
 
 
-def phase_metrics(clock: PhaseClock, wall_s: float) -> dict[str, float]:
+def phase_metrics(clock: PhaseClock) -> dict[str, float]:
     """TensorBoard scalars of a clock so far: ``time/phase/<path>_s``, the compilations and the
-    device's busy fraction (``perf/device_busy_fraction``) over ``wall_s``."""
-    profile = IterationProfile.of(0, wall_s, clock)
+    device's busy fraction (``perf/device_busy_fraction``) over its elapsed time."""
+    profile = IterationProfile.of(0, clock.elapsed(), clock)
     out = {f"time/phase/{path}_s": s for path, s in profile.phases.items()}
     out["perf/compilations"] = float(profile.compilations)
     out["perf/device_busy_fraction"] = profile.device_busy_fraction

@@ -69,7 +69,7 @@ def test_iteration_profile_coverage_and_busy_fraction():
     )
     assert profile.coverage == pytest.approx(0.95)
     assert profile.device_busy_fraction == pytest.approx(0.6)  # sample, update, evaluate/sample
-    metrics = timing.phase_metrics(timing.PhaseClock(), 1.0)
+    metrics = timing.phase_metrics(timing.PhaseClock())
     assert metrics["perf/device_busy_fraction"] == 0.0
 
 

@@ -188,19 +188,18 @@ def steady(profiles: list[dict]) -> list[dict]:
 
 def summarize(profiles: list[dict]) -> dict[str, Any]:
     """Median wall seconds, mean phase seconds, coverage and busy fraction of the iterations."""
-    from agentrl_jax.timing import DEVICE_PHASES  # noqa: PLC0415
+    from agentrl_jax.timing import IterationProfile  # noqa: PLC0415
 
     walls = [p["wall_s"] for p in profiles]
     names = sorted({name for p in profiles for name in p["phases"]})
     phases = {n: statistics.fmean(p["phases"].get(n, 0.0) for p in profiles) for n in names}
-    wall = statistics.fmean(walls)
-    busy = sum(s for n, s in phases.items() if n.rsplit("/", 1)[-1] in DEVICE_PHASES)
+    mean = IterationProfile(0, statistics.fmean(walls), phases, 0, 0)  # the mean iteration
     return {
         "median_s": statistics.median(walls),
-        "mean_s": wall,
+        "mean_s": mean.wall_s,
         "phases_s": {n: round(s, 4) for n, s in phases.items()},
-        "phase_coverage": sum(phases.values()) / wall,
-        "device_busy_fraction": busy / wall,
+        "phase_coverage": mean.coverage,
+        "device_busy_fraction": mean.device_busy_fraction,
     }
 
 
@@ -222,7 +221,7 @@ def run(quick: bool, model: str = "tiny") -> Report:
     cold, warm = runs["cold"], runs["warm"]
     summary = summarize(steady(warm["profiles"]))
     report = Report("iteration")
-    first = warm["scalars"]
+    scalars = warm["scalars"]
     report.add(
         Row(
             f"{model}/iteration_seconds",
@@ -233,9 +232,9 @@ def run(quick: bool, model: str = "tiny") -> Report:
             extra={
                 **{k: v for k, v in summary.items() if k != "median_s"},
                 "iterations": len(warm["profiles"]),
-                "rollout_tokens_per_s": _median(first["perf/rollout_tokens_per_s"][1:]),
-                "update_tokens_per_s": _median(first["perf/update_tokens_per_s"][1:]),
-                "logprob_mismatch_max": max(first["rollout/logprob_mismatch"], default=None),
+                "rollout_tokens_per_s": _median(scalars["perf/rollout_tokens_per_s"][1:]),
+                "update_tokens_per_s": _median(scalars["perf/update_tokens_per_s"][1:]),
+                "logprob_mismatch_max": max(scalars["rollout/logprob_mismatch"], default=None),
                 "compilations_per_iteration": [p["compilations"] for p in warm["profiles"]],
                 "peak_device_bytes": warm["peak_device_bytes"],
                 "profiles": warm["profiles"],

@@ -709,16 +709,13 @@ class Trainer:
         )
         for it in bar:
             clock = timing.PhaseClock()
-            t0 = time.perf_counter()
             with clock.running():
-                self._rl_loop_body(it, total, clock, t0)
-            self.profiles.append(
-                timing.IterationProfile.of(it + 1, time.perf_counter() - t0, clock)
-            )
+                self._rl_loop_body(it, total, clock)
+            self.profiles.append(timing.IterationProfile.of(it + 1, clock.elapsed(), clock))
         if total == start:
             self.meta["phase"] = "done"
 
-    def _rl_loop_body(self, it: int, total: int, clock: timing.PhaseClock, t0: float) -> None:
+    def _rl_loop_body(self, it: int, total: int, clock: timing.PhaseClock) -> None:
         """Iteration ``it``: the rollout and update, evaluation when due, logs, checkpoint."""
         cfg = self.config
         with self.watchdog.guard(f"RL iteration {it + 1}"):
@@ -732,7 +729,7 @@ class Trainer:
         with timing.phase("log"):
             # The phases so far (the checkpoint comes after the write): Trainer.profiles has them
             # all.
-            metrics.update(timing.phase_metrics(clock, time.perf_counter() - t0))
+            metrics.update(timing.phase_metrics(clock))
             logging.info("%s", iteration_summary(it + 1, total, metrics))
             self.writer.scalars(metrics, it + 1)
             self.writer.flush()
