@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,9 +17,10 @@ import ml_collections
 import pytest
 
 from agentrl_jax.envs.base import Task
+from agentrl_jax.experiments.compare import compare, logged_scalars
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run.config import ConfigError, from_config_dict
-from agentrl_jax.run.tensorboard import read_scalars
+from agentrl_jax.run.tensorboard import SummaryWriter, read_scalars
 from agentrl_jax.run.trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -306,36 +308,6 @@ KILLS = {
     # While checkpoint 2 (RL iteration 1) is written: the previous one restores.
     "checkpoint:3": "resumed from checkpoint 1 (phase rl, after RL iteration 0)",
 }
-# Wall-clock tags differ between any two runs; every other scalar must repeat.
-TIMING_TAGS = ("time/", "perf/")
-
-
-def _logged(workdir) -> dict[tuple[str, int], float]:
-    """Every scalar a run logged but the timings, by (tag, step): the last value written (a
-    resumed run writes again what the killed run logged after its last checkpoint)."""
-    scalars = read_scalars(str(workdir / "tensorboard"))
-    return {
-        (tag, step): value
-        for tag, values in scalars.items()
-        if not tag.startswith(TIMING_TAGS)
-        for step, value in values
-    }
-
-
-def _final_state(workdir):
-    """(step, {path: array}) of the whole train state in a run's newest checkpoint."""
-    import numpy as np
-    import orbax.checkpoint as ocp
-
-    directory = workdir / "checkpoints"
-    step = max(int(p.name) for p in directory.iterdir() if p.name.isdigit())
-    path = directory / str(step) / "state"
-    with ocp.PyTreeCheckpointer() as ckpt:
-        tree = ckpt.metadata(path).item_metadata.tree
-        args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
-        state = ckpt.restore(path, restore_args=args)
-    flat = jax.tree_util.tree_leaves_with_path(state["train"])
-    return step, {jax.tree_util.keystr(k): np.asarray(v) for k, v in flat}
 
 
 @pytest.mark.parametrize(
@@ -370,14 +342,37 @@ def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
     (text,) = train_cli.finish(_launch(run_dir, cache, compile_cache))
     assert KILLS[kill] in text, text[-4000:]
 
-    want, got = _logged(ref_dir), _logged(run_dir)
-    assert sorted(got) == sorted(want)
-    differ = {key: (want[key], got[key]) for key in want if got[key] != want[key]}
-    assert not differ, differ
-    (ref_step, ref_state), (run_step, run_state) = _final_state(ref_dir), _final_state(run_dir)
-    assert run_step == ref_step == 4 and run_state.keys() == ref_state.keys()
-    differ = [k for k in ref_state if not (run_state[k] == ref_state[k]).all()]
-    assert not differ, differ
+    # Every scalar but the timings, the whole final train state and the reports, bit for bit.
+    result = compare(ref_dir, run_dir)
+    assert result.checkpoint_steps == (4, 4)
+    assert result.same, result.to_json()
+
+
+def test_launch_compare_tells_the_same_run_from_another(reference_run, tmp_path):
+    """``python -m launch.compare A B``: exit 0 for a run and itself; a run whose one logged value
+    differs is another run (exit 1, the scalar named)."""
+    ref_dir, _ = reference_run
+    cmd = [sys.executable, "-m", "launch.compare", str(ref_dir)]
+    out = subprocess.run([*cmd, str(ref_dir)], capture_output=True, text=True, cwd=train_cli.REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "the same run" in out.stdout and " 0 reports" not in out.stdout
+
+    copy = tmp_path / "copy"
+    shutil.copytree(ref_dir, copy)
+    (tag, step), value = min(logged_scalars(ref_dir).items())
+    writer = SummaryWriter(str(copy / "tensorboard"))  # a newer event file: its value is the last
+    writer.scalars({tag: value + 1.0}, step)
+    writer.close()
+    out = subprocess.run(
+        [*cmd, str(copy), "--out", str(tmp_path / "c.json")],
+        capture_output=True,
+        text=True,
+        cwd=train_cli.REPO,
+    )
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "different runs" in out.stdout and f"{tag}@{step}" in out.stdout
+    saved = json.loads((tmp_path / "c.json").read_text())
+    assert not saved["same"] and len(saved["scalars_differ"]) == 1 and not saved["arrays_differ"]
 
 
 @pytest.mark.parametrize(
