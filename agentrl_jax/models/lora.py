@@ -22,13 +22,14 @@ Why not qwix (the LoRA library Tunix uses): docs/models.md, "LoRA".
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import TypeVar
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
@@ -49,6 +50,7 @@ __all__ = [
     "LoraConfig",
     "adapters",
     "apply_lora",
+    "attach_adapters",
     "base_model",
     "merge",
     "split",
@@ -148,6 +150,39 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
     )
     values = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
     values.update({path: var.get_value() for path, var in nnx.to_flat_state(init())})
+    return _assemble(cls, cfg, values)
+
+
+def attach_adapters(
+    model: M, lora: LoraConfig, value: Callable[[tuple, nnx.Variable], np.ndarray]
+) -> M:
+    """``model``'s base (its arrays, shared) with adapters whose values are given on the host:
+    ``value(path, abstract_variable)`` returns the whole array of the adapter at that state path
+    (stacked [L, ...] in a scanned model). Each device takes its own slice, laid out by the rules
+    on the base's mesh (every process must give the same arrays). For readers of trained
+    adapters (``peft.load_peft_adapter``); ``apply_lora`` makes fresh ones."""
+    base = base_model(model)
+    cls, cfg = type(base), base.cfg.replace(lora=lora)
+    mesh = _mesh_of(base)
+    values = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(base))}
+    _, abstract = _abstract(cls, cfg)
+    for path, var in nnx.to_flat_state(abstract):
+        if not isinstance(var, nnx.LoRAParam):
+            continue
+        host = np.asarray(value(path, var), dtype=var.get_value().dtype)
+        if host.shape != var.get_value().shape:
+            raise ValueError(
+                f"adapter {'.'.join(map(str, path))}: shape {host.shape}, expected "
+                f"{var.get_value().shape}"
+            )
+        if mesh is None:
+            placement = SingleDeviceSharding(jax.devices()[0])
+        else:
+            axes = var.get_metadata()["logical_axes"]
+            placement = NamedSharding(mesh, sharding_lib.logical_to_spec(axes, host.shape, mesh))
+        values[path] = jax.make_array_from_callback(
+            host.shape, placement, lambda index, host=host: host[index]
+        )
     return _assemble(cls, cfg, values)
 
 
