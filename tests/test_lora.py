@@ -8,6 +8,7 @@ saved as a Hugging Face checkpoint all give logits within 1e-5 of the other side
 import json
 import math
 import pathlib
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -275,8 +276,9 @@ def test_dropout_only_with_a_key():
         model(tokens, cache=KVCache.create(cfg, batch=3, size=16), lora_dropout_key=jax.random.key(0))
 
 
-@pytest.mark.parametrize("mesh_shape", [(2, 2, 2), (1, 4, 2)])
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+@pytest.mark.parametrize(
+    "mesh_shape,scan", [((2, 2, 2), False), ((1, 4, 2), True)], ids=["222-unrolled", "142-scanned"]
+)
 def test_adapter_shardings_follow_their_base(mesh_shape, scan):
     """On a mesh, each adapter is split like its base matrix on the axes they share (A on the
     base's in axes, B on its out axes), its rank axis replicated; the logits and the merged
@@ -303,13 +305,13 @@ def test_adapter_shardings_follow_their_base(mesh_shape, scan):
         assert value.sharding.mesh == mesh
         checked += 1
     assert checked == 2 * len(LORA_TARGETS) * (1 if scan else cfg.num_layers)
-    if mesh_shape == (2, 2, 2):  # the q adapter on the (data, fsdp, tp) rules
-        prefix = ("trunk", "layers") if scan else ("trunk", "layers", 0)
-        lead = (None,) if scan else ()
-        q_a = flat[(*prefix, "attn", "q_lora_a_dr")].get_value().sharding.spec
-        q_b = flat[(*prefix, "attn", "q_lora_b_rnh")].get_value().sharding.spec
-        assert tuple(q_a) == (*lead, "fsdp", None)
-        assert tuple(q_b) == (*lead, None, "tp", None)
+    # The q adapter on the (data, fsdp, tp) rules.
+    prefix = ("trunk", "layers") if scan else ("trunk", "layers", 0)
+    lead = (None,) if scan else ()
+    q_a = flat[(*prefix, "attn", "q_lora_a_dr")].get_value().sharding.spec
+    q_b = flat[(*prefix, "attn", "q_lora_b_rnh")].get_value().sharding.spec
+    assert tuple(q_a) == (*lead, "fsdp", None)
+    assert tuple(q_b) == (*lead, None, "tp", None)
     single = jax.device_put(nnx.state(model), jax.devices()[0])
     single = nnx.merge(nnx.graphdef(model), single)
     tokens, mask = _padded_batch()
@@ -350,21 +352,32 @@ from agentrl_jax.models.testing import hf_logits, random_hf_checkpoint, torch_lo
 _CKPTS: dict[bool, pathlib.Path] = {}
 
 
-@pytest.fixture(scope="module", params=[True, False], ids=["tied", "untied"])
-def hf_base(request, tmp_path_factory) -> pathlib.Path:
-    """A random transformers-made base checkpoint."""
-    tie = request.param
-    if tie not in _CKPTS:
-        cfg = TEST_CONFIG.replace(tie_word_embeddings=tie)
-        _CKPTS[tie] = random_hf_checkpoint(tmp_path_factory.mktemp("base"), cfg, seed=int(tie))
-    return _CKPTS[tie]
+@pytest.fixture(scope="module")
+def hf_bases(tmp_path_factory):
+    """Random transformers-made base checkpoints, by ``tie_word_embeddings``."""
+
+    def get(tie: bool) -> pathlib.Path:
+        if tie not in _CKPTS:
+            cfg = TEST_CONFIG.replace(tie_word_embeddings=tie)
+            path = tmp_path_factory.mktemp("base")
+            _CKPTS[tie] = random_hf_checkpoint(path, cfg, seed=int(tie))
+        return _CKPTS[tie]
+
+    return get
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-def test_our_adapter_in_peft(hf_base, scan, tmp_path):
+# (tied embeddings, scanned layers): each variant is covered once.
+VARIANTS = pytest.mark.parametrize(
+    "tie,scan", [(True, False), (False, True)], ids=["tied-unrolled", "untied-scanned"]
+)
+
+
+@VARIANTS
+def test_our_adapter_in_peft(hf_bases, tie, scan, tmp_path):
     """Bar (a): our adapter (nonzero B), saved in PEFT's format and loaded by
     ``peft.PeftModel.from_pretrained`` onto transformers' Qwen2 from the same base: logits
     within 1e-5 of ours. Also read back by us, bit for bit."""
+    hf_base = hf_bases(tie)
     lora_cfg = LoraConfig(rank=4, alpha=12.0, targets="q,k,v,o,gate,up,down")
     model = hc.load_hf_model(hf_base, scan_layers=scan, lora=lora_cfg)
     model = _randomize_adapters(model, seed=12, std=0.2)
@@ -406,18 +419,23 @@ def _peft_adapter(base_dir, out_dir, *, seed, **config):
 
 
 @pytest.mark.parametrize(
-    "scan,config",
+    "tie,scan,config",
     [
-        (False, dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])),
-        (True, dict(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1)),
-        (True, dict(r=4, lora_alpha=4, target_modules=["o_proj", "down_proj"], use_rslora=True)),
+        (True, False, dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])),
+        (False, True, dict(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1)),
+        (
+            True,
+            True,
+            dict(r=4, lora_alpha=4, target_modules=["o_proj", "down_proj"], use_rslora=True),
+        ),
     ],
-    ids=["qv-unrolled", "all-linear-scanned", "rslora-scanned"],
+    ids=["qv-tied-unrolled", "all-linear-untied-scanned", "rslora-tied-scanned"],
 )
-def test_peft_adapter_in_our_model(hf_base, scan, config, tmp_path):
+def test_peft_adapter_in_our_model(hf_bases, tie, scan, config, tmp_path):
     """Bar (b): an adapter created and saved by ``peft`` (``get_peft_model``, random nonzero B)
     loaded into our model (a warm start from someone's LoRA SFT): logits within 1e-5 of the
     PEFT model's."""
+    hf_base = hf_bases(tie)
     theirs_model = _peft_adapter(hf_base, tmp_path / "adapter", seed=13, **config)
     tokens, mask = _padded_batch()
     theirs = torch_logits(theirs_model, tokens, mask)
@@ -434,10 +452,11 @@ def test_peft_adapter_in_our_model(hf_base, scan, config, tmp_path):
     assert _max_diff(hf_logits(hf_base, tokens, mask), theirs, mask) > 0.1  # B matters
 
 
-@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-def test_merged_export_loads_in_transformers(hf_base, scan, tmp_path):
+@VARIANTS
+def test_merged_export_loads_in_transformers(hf_bases, tie, scan, tmp_path):
     """Bar (c): ``save_hf_checkpoint`` of a LoRA policy writes the merged model as a plain Qwen2
     checkpoint; transformers' logits on it are within 1e-5 of ours."""
+    hf_base = hf_bases(tie)
     model = hc.load_hf_model(hf_base, scan_layers=scan, lora=LORA)
     model = _randomize_adapters(model, seed=14, std=0.2)
     tokens, mask = _padded_batch()
@@ -455,10 +474,16 @@ def test_merged_export_loads_in_transformers(hf_base, scan, tmp_path):
 # Refusals
 
 
-@pytest.fixture
-def adapter_dir(tmp_path) -> pathlib.Path:
+@pytest.fixture(scope="module")
+def saved_adapter(tmp_path_factory) -> pathlib.Path:
     model = lora.apply_lora(random_model(Qwen2ForCausalLM, TEST_CONFIG), LORA)
-    return our_peft.save_peft_adapter(model, tmp_path / "adapter")
+    return our_peft.save_peft_adapter(model, tmp_path_factory.mktemp("lora") / "adapter")
+
+
+@pytest.fixture
+def adapter_dir(saved_adapter, tmp_path) -> pathlib.Path:
+    """A copy of an adapter we saved, for a test to spoil."""
+    return pathlib.Path(shutil.copytree(saved_adapter, tmp_path / "adapter"))
 
 
 def _rewrite(directory, *, config=None, drop=(), add=None, reshape=None):

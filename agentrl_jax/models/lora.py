@@ -22,6 +22,7 @@ Why not qwix (the LoRA library Tunix uses): docs/models.md, "LoRA".
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -118,8 +119,9 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
 
     A is kaiming-uniform (U(+-1/sqrt(fan_in)), PEFT's default) and B zero, so the new model
     computes exactly what ``model`` did until B moves. The adapters are ``lora.param_dtype``
-    (f32) whatever the base's dtype, and are created by one jitted program directly in their
-    layout on the base's mesh (the logical-axis rules: A and B split like their base matrix).
+    (f32) whatever the base's dtype, and are created by one jitted program (cached by shapes
+    and layout) directly in their layout on the base's mesh (the logical-axis rules: A and B
+    split like their base matrix).
     The base arrays are shared with ``model``, not copied: use the returned model from then on
     (donating one model's state frees the other's base).
 
@@ -140,17 +142,51 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
         )
     cls, cfg = type(model), model.cfg.replace(lora=lora)
     mesh = _mesh_of(model)
-    abstract_adapters = nnx.state(nnx.merge(*_abstract(cls, cfg)), TRAINABLE)
-    out_shardings = (
-        None if mesh is None else sharding_lib.state_shardings(abstract_adapters, mesh)
-    )
-    # The whole constructor is traced, but only the adapters come out: XLA drops the rest.
-    init = jax.jit(
-        lambda: nnx.state(cls(cfg, rngs=nnx.Rngs(seed)), TRAINABLE), out_shardings=out_shardings
-    )
+    _, abstract = _abstract(cls, cfg)
+    fan_in = {}
+    for slot in lora_slots(cfg).values():
+        fan_in[(slot.module, slot.a)] = slot.fan_in
+        fan_in[(slot.module, slot.b)] = None  # B starts at zero
+    paths, specs, shardings = [], [], []
+    for path, var in nnx.to_flat_state(abstract):
+        if isinstance(var, nnx.LoRAParam):
+            shape = var.get_value().shape
+            fan = fan_in[tuple(path[-2:])]
+            paths.append(path)
+            specs.append((shape, 0.0 if fan is None else 1.0 / math.sqrt(fan)))
+            if mesh is not None:
+                axes = var.get_metadata()["logical_axes"]
+                shardings.append(
+                    NamedSharding(mesh, sharding_lib.logical_to_spec(axes, shape, mesh))
+                )
+    init = _adapter_init(tuple(specs), np.dtype(lora.param_dtype), tuple(shardings) or None)
     values = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
-    values.update({path: var.get_value() for path, var in nnx.to_flat_state(init())})
+    values.update(zip(paths, init(jax.random.key(seed)), strict=True))
     return _assemble(cls, cfg, values)
+
+
+@functools.lru_cache(maxsize=16)
+def _adapter_init(specs: tuple, dtype: np.dtype, shardings: tuple | None):
+    """One jitted program that draws every adapter: ``specs`` holds (shape, bound) per adapter,
+    U(+-bound) for A and zeros for B (bound 0), laid out as ``shardings`` says. Cached, so a
+    second model of the same shapes compiles nothing."""
+
+    def init(key):
+        # One draw for every A, cut into pieces: a single threefry program compiles in a
+        # fraction of the time one per adapter takes (seconds each on CPU).
+        sizes = [math.prod(shape) for shape, bound in specs if bound != 0.0]
+        u = jax.random.uniform(key, (sum(sizes),), jnp.float32, -1.0, 1.0)
+        out, start = [], 0
+        for shape, bound in specs:
+            if bound == 0.0:
+                out.append(jnp.zeros(shape, dtype))
+                continue
+            size = math.prod(shape)
+            out.append((u[start : start + size].reshape(shape) * bound).astype(dtype))
+            start += size
+        return tuple(out)
+
+    return jax.jit(init, out_shardings=shardings)
 
 
 def attach_adapters(
