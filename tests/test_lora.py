@@ -96,8 +96,10 @@ def test_adapter_parameter_count():
     cfg = TEST_CONFIG.replace(lora=LORA)
     model = random_model(Qwen2ForCausalLM, cfg)
     counted = sum(x.size for x in jax.tree.leaves(lora.adapters(model)))
-    assert counted == cfg.num_lora_params == 2 * 4 * (
-        (64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 96) + (96 + 64)
+    assert (
+        counted
+        == cfg.num_lora_params
+        == 2 * 4 * ((64 + 64) + 2 * (64 + 32) + (64 + 64) + 2 * (64 + 96) + (96 + 64))
     )
     # Qwen2.5-7B, rank 64 on all seven projections: 161,480,704 trainable parameters (2.1%).
     big = ModelConfig(152064, 3584, 18944, 28, 28, 4, 128, lora=LoraConfig(rank=64))
@@ -197,9 +199,7 @@ def test_trainable_filter_and_optimizer_hold_adapters_only():
     assert not any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(rest))
 
     optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=lora.TRAINABLE)
-    moments = [
-        x.size for x in jax.tree.leaves(nnx.state(optimizer, nnx.OptState)) if x.ndim > 0
-    ]
+    moments = [x.size for x in jax.tree.leaves(nnx.state(optimizer, nnx.OptState)) if x.ndim > 0]
     assert sorted(moments) == sorted(adapter_sizes * 2)  # Adam's mu and nu, adapters only
 
     tokens, mask = _padded_batch()
@@ -276,7 +276,9 @@ def test_dropout_only_with_a_key():
     assert _max_diff(a, plain, mask) > 0.01 and _max_diff(a, b, mask) > 0.01
     np.testing.assert_array_equal(a, np.asarray(call(model, jax.random.key(0))))
     with pytest.raises(ValueError, match="lora_dropout_key is for teacher forcing"):
-        model(tokens, cache=KVCache.create(cfg, batch=3, size=16), lora_dropout_key=jax.random.key(0))
+        model(
+            tokens, cache=KVCache.create(cfg, batch=3, size=16), lora_dropout_key=jax.random.key(0)
+        )
 
 
 @pytest.mark.parametrize(
@@ -298,8 +300,12 @@ def test_adapter_shardings_follow_their_base(mesh_shape, scan):
             continue
         slot = next(s for s in slots.values() if path[-1] in (s.a, s.b))
         w = flat[(*path[:-1], slot.weight)].get_value()
-        w_axes = dict(zip(flat[(*path[:-1], slot.weight)].get_metadata()["logical_axes"],
-                          w.sharding.spec + (None,) * (w.ndim - len(w.sharding.spec))))
+        w_axes = dict(
+            zip(
+                flat[(*path[:-1], slot.weight)].get_metadata()["logical_axes"],
+                w.sharding.spec + (None,) * (w.ndim - len(w.sharding.spec)),
+            )
+        )
         value = var.get_value()
         spec = value.sharding.spec + (None,) * (value.ndim - len(value.sharding.spec))
         for axis, entry in zip(var.get_metadata()["logical_axes"], spec, strict=True):
@@ -442,10 +448,14 @@ def test_peft_adapter_in_our_model(hf_bases, tie, scan, config, tmp_path):
     theirs_model = _peft_adapter(hf_base, tmp_path / "adapter", seed=13, **config)
     tokens, mask = _padded_batch()
     theirs = torch_logits(theirs_model, tokens, mask)
-    model = our_peft.load_peft_adapter(hc.load_hf_model(hf_base, scan_layers=scan), tmp_path / "adapter")
+    model = our_peft.load_peft_adapter(
+        hc.load_hf_model(hf_base, scan_layers=scan), tmp_path / "adapter"
+    )
     targets = config["target_modules"]
-    expected = LORA_TARGETS if targets == "all-linear" else tuple(
-        t for t in LORA_TARGETS if f"{t}_proj" in targets
+    expected = (
+        LORA_TARGETS
+        if targets == "all-linear"
+        else tuple(t for t in LORA_TARGETS if f"{t}_proj" in targets)
     )
     assert model.cfg.lora.targets == expected and model.cfg.lora.rank == config["r"]
     assert model.cfg.lora.dropout == config.get("lora_dropout", 0.0)
@@ -522,12 +532,23 @@ def _rewrite(directory, *, config=None, drop=(), add=None, reshape=None):
             "layers.1.mlp.up_proj.lora_B.weight' is missing",
         ),
         (
-            dict(reshape={"base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight": (32, 8)}),
+            dict(
+                reshape={"base_model.model.model.layers.0.self_attn.k_proj.lora_B.weight": (32, 8)}
+            ),
             r"has shape \(32, 8\), but r=4 and the model imply \(32, 4\)",
         ),
     ],
-    ids=["dora", "bias", "modules_to_save", "rank_pattern", "pissa", "ia3", "lm_head", "missing",
-         "shape"],
+    ids=[
+        "dora",
+        "bias",
+        "modules_to_save",
+        "rank_pattern",
+        "pissa",
+        "ia3",
+        "lm_head",
+        "missing",
+        "shape",
+    ],
 )
 def test_unsupported_adapters_are_refused(adapter_dir, change, message):
     _rewrite(adapter_dir, **change)

@@ -231,9 +231,7 @@ def _read_config(directory: pathlib.Path) -> dict[str, Any]:
     return config
 
 
-def load_peft_adapter(
-    model: M, directory: str | pathlib.Path, *, param_dtype: Any = None
-) -> M:
+def load_peft_adapter(model: M, directory: str | pathlib.Path, *, param_dtype: Any = None) -> M:
     """``model``'s base with the LoRA adapters of a PEFT adapter directory (e.g. someone's LoRA
     SFT, written by ``peft``), computing what PEFT computes on the same base.
 
