@@ -33,6 +33,7 @@ EXTRAS = {
         "pytest-xdist==3.8.0",
         "ruff==0.17.5",
         "torch==2.13.0",
+        "peft==0.21.2",  # tests/test_lora.py: the PEFT round trip
         "nbclient==0.11.0",
         "nbformat>=5.10",
         "ipykernel>=6.29",

@@ -53,6 +53,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "head_dim": None,
     "mlp": "tp",
     "norm": None,
+    "lora_rank": None,  # A LoRA adapter's rank axis (small): replicated.
     # Activations, inputs and the KV cache.
     "batch": ("data", "fsdp"),
     "seq": None,

@@ -10,6 +10,81 @@ import jax.numpy as jnp
 
 # What a decoder layer saves for the backward pass (``ModelConfig.remat``); see qwen2.py.
 REMAT_POLICIES = ("none", "full", "save_dots")
+# The projections a LoRA adapter can target (``LoraConfig.targets``), in the decoder's order; in
+# Hugging Face and PEFT names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+    """Low-rank adapters on the decoder's projections (PEFT's LoRA; see ``models/lora.py``).
+
+    Each targeted weight W [in, out] gets a pair A [in, rank], B [rank, out] (``nnx.LoRAParam``,
+    stored in ``param_dtype``, f32 by default whatever the base's dtype) and the layer computes
+    ``x @ W + dropout(x) @ A @ B * (alpha / rank)``. A starts kaiming-uniform and B at zero, as in
+    PEFT, so a fresh adapter changes nothing.
+
+    Attributes:
+      rank: the adapters' inner width; 0 turns LoRA off (``ModelConfig`` then holds None).
+      alpha: the scale's numerator (PEFT's ``lora_alpha``).
+      dropout: probability of dropping an adapter's input (PEFT's ``lora_dropout``); applied
+        only when the forward pass is given a key (``lora_dropout_key``), so sampling and
+        scoring are deterministic.
+      targets: the projections to adapt, some of ``LORA_TARGETS``; a list, a tuple, a
+        comma-separated string or ``"all"``. Kept in ``LORA_TARGETS`` order.
+      param_dtype: the adapters' storage dtype.
+    """
+
+    rank: int = 0
+    alpha: float = 8.0
+    dropout: float = 0.0
+    targets: tuple[str, ...] = LORA_TARGETS
+    param_dtype: Any = jnp.float32
+
+    def __post_init__(self):
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ValueError(f"LoraConfig.rank must be an int >= 0 (0: off), got {self.rank!r}")
+        if isinstance(self.alpha, bool) or not isinstance(self.alpha, int | float):
+            raise ValueError(f"LoraConfig.alpha must be a positive number, got {self.alpha!r}")
+        if not (0 < self.alpha < float("inf")):
+            raise ValueError(f"LoraConfig.alpha must be a positive number, got {self.alpha!r}")
+        object.__setattr__(self, "alpha", float(self.alpha))
+        if isinstance(self.dropout, bool) or not isinstance(self.dropout, int | float):
+            raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        if not (0 <= self.dropout < 1):
+            raise ValueError(f"LoraConfig.dropout must be in [0, 1), got {self.dropout!r}")
+        object.__setattr__(self, "dropout", float(self.dropout))
+        targets = self.targets
+        if isinstance(targets, str):
+            targets = LORA_TARGETS if targets.strip() == "all" else targets.split(",")
+        if not isinstance(targets, list | tuple):
+            raise ValueError(
+                f"LoraConfig.targets must be some of {list(LORA_TARGETS)} (a list, a "
+                f"comma-separated string or 'all'), got {self.targets!r}"
+            )
+        names = [t.strip() if isinstance(t, str) else t for t in targets]
+        unknown = [t for t in names if t not in LORA_TARGETS]
+        if unknown:
+            raise ValueError(
+                f"LoraConfig.targets: {unknown} not among the projections {list(LORA_TARGETS)}"
+            )
+        if len(set(names)) != len(names):
+            raise ValueError(f"LoraConfig.targets names a projection twice: {names}")
+        if self.rank > 0 and not names:
+            raise ValueError("LoraConfig.targets is empty but rank > 0: name some projections")
+        object.__setattr__(self, "targets", tuple(t for t in LORA_TARGETS if t in names))
+        if not jnp.issubdtype(jnp.dtype(self.param_dtype), jnp.floating):
+            raise ValueError(
+                f"LoraConfig.param_dtype must be a floating dtype, got {self.param_dtype!r}"
+            )
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``: what the adapters' product is multiplied by."""
+        return self.alpha / self.rank
+
+    def replace(self, **kwargs) -> LoraConfig:
+        return dataclasses.replace(self, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,6 +102,8 @@ class ModelConfig:
     of its activations, ``"full"`` only its input (everything is recomputed), ``"save_dots"``
     the outputs of its weight matmuls (attention and elementwise work are recomputed). ``True``
     and ``False`` mean ``"full"`` and ``"none"``.
+    ``lora``: low-rank adapters on the projections (``LoraConfig``), or None (off; a
+    ``LoraConfig`` of rank 0 becomes None). The base weights stay in ``param_dtype``.
     """
 
     vocab_size: int
@@ -44,8 +121,15 @@ class ModelConfig:
     param_dtype: Any = jnp.float32
     remat: str | bool = "none"
     scan_layers: bool = False
+    lora: LoraConfig | None = None
 
     def __post_init__(self):
+        if self.lora is not None and not isinstance(self.lora, LoraConfig):
+            raise ValueError(
+                f"ModelConfig.lora must be a LoraConfig or None, got {type(self.lora).__name__}"
+            )
+        if self.lora is not None and self.lora.rank == 0:
+            object.__setattr__(self, "lora", None)
         if isinstance(self.remat, bool):
             object.__setattr__(self, "remat", "full" if self.remat else "none")
         if self.remat not in REMAT_POLICIES:
@@ -91,6 +175,18 @@ class ModelConfig:
         layer = attn + 3 * d * f + 2 * d
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + d
+
+    @property
+    def num_lora_params(self) -> int:
+        """The adapters' parameter count (0 without LoRA); ``num_params`` counts the base only."""
+        if self.lora is None:
+            return 0
+        d, f = self.hidden_size, self.intermediate_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        fan = {"q": (d, q), "k": (d, kv), "v": (d, kv), "o": (q, d)}
+        fan.update(gate=(d, f), up=(d, f), down=(f, d))
+        per_layer = sum(sum(fan[t]) for t in self.lora.targets) * self.lora.rank
+        return self.num_layers * per_layer
 
 
 PRESETS: dict[str, ModelConfig] = {

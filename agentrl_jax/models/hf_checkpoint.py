@@ -32,6 +32,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
@@ -39,6 +40,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from agentrl_jax import sharding as sharding_lib
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2ValueModel, stacked_layer_index
 
@@ -599,7 +601,8 @@ def load_hf_model(
         ``process_index``; a test can map the fake devices of one process to pretended hosts).
       **overrides: ModelConfig fields, e.g. ``dtype=jnp.bfloat16, param_dtype=jnp.bfloat16``
         (weights are cast on the host), ``remat="full"`` or ``scan_layers=True`` (the per-layer
-        tensors are stacked on a leading layer axis).
+        tensors are stacked on a leading layer axis), ``lora=LoraConfig(...)`` (fresh adapters
+        on the loaded base: ``lora.apply_lora``; ``peft.load_peft_adapter`` reads trained ones).
 
     Raises:
       FileNotFoundError: the directory, config.json or the safetensors files are missing.
@@ -607,10 +610,12 @@ def load_hf_model(
         missing or has the wrong shape (the message names file, tensor and shapes).
     """
     path = _check_dir(path)
+    lora = overrides.pop("lora", None)
     cfg = load_config(path, **overrides)
-    return _load_into(
+    model = _load_into(
         lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
     )
+    return lora_lib.apply_lora(model, lora)
 
 
 def load_hf_value_model(
@@ -623,10 +628,12 @@ def load_hf_value_model(
     """A Qwen2ValueModel whose trunk comes from a causal-LM checkpoint, with a zero value head
     (arguments as ``load_hf_model``'s)."""
     path = _check_dir(path)
+    lora = overrides.pop("lora", None)
     cfg = load_config(path, **overrides)
-    return _load_into(
+    model = _load_into(
         lambda: Qwen2ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
     )
+    return lora_lib.apply_lora(model, lora)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -670,7 +677,9 @@ def save_hf_checkpoint(
     so host memory holds at most one output file's worth.
 
     Args:
-      model: the policy (sharded or not).
+      model: the policy (sharded or not). A LoRA policy is merged first (``lora.merge``: each
+        adapted weight W + A B alpha / rank, summed in f32; one more copy of the base on the
+        devices while it is written), so the files are a plain Qwen2 checkpoint.
       out_dir: created if needed; existing files of the same names are overwritten.
       dtype: storage dtype (default: the model's param_dtype), e.g. ``jnp.bfloat16``.
       max_shard_bytes: above this, tensors are split into ``model-0000i-of-0000n.safetensors``
@@ -680,9 +689,11 @@ def save_hf_checkpoint(
     Returns:
       The output directory.
     """
+    dtype = np.dtype(model.cfg.param_dtype if dtype is None else dtype)
+    if model.cfg.lora is not None:
+        model = lora_lib.merge(model, jnp.float32)  # cast to ``dtype`` once, when written
     cfg = model.cfg
     out_dir = pathlib.Path(out_dir)
-    dtype = np.dtype(cfg.param_dtype if dtype is None else dtype)
     writer = jax.process_index() == 0
     flat = dict(nnx.to_flat_state(nnx.state(model)))
     maps = list(tensor_maps(cfg).items())

@@ -16,6 +16,9 @@ module can be an argument of a jitted function; ``nnx.split`` / ``nnx.merge`` wo
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -40,6 +43,110 @@ def _param(rngs: nnx.Rngs, init, shape, axes, dtype) -> nnx.Param:
 _dense_init = jax.nn.initializers.normal(0.02)
 _zeros = jax.nn.initializers.zeros
 _ones = jax.nn.initializers.ones
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSlot:
+    """Where one target projection's LoRA pair lives and how it is applied (``lora_slots``).
+
+    ``a`` [.., rank] and ``b`` [rank, ..] are attributes of the ``module`` ("attn" or "mlp")
+    beside the base ``weight``, with the base's logical axes on the base's in and out axes and
+    ``lora_rank`` (replicated) on the rank axis. ``a_spec`` / ``b_spec`` are the two matmuls of
+    the forward pass, ``merge_spec`` the product A B in the base weight's layout.
+    """
+
+    module: str
+    weight: str
+    a: str
+    b: str
+    a_shape: tuple[int, ...]
+    b_shape: tuple[int, ...]
+    a_axes: tuple[str, ...]
+    b_axes: tuple[str, ...]
+    a_spec: str
+    b_spec: str
+    merge_spec: str
+
+    @property
+    def fan_in(self) -> int:
+        return math.prod(self.a_shape[:-1])
+
+
+def lora_slots(cfg: ModelConfig) -> dict[str, LoraSlot]:
+    """Every LoRA target (``LORA_TARGETS``) of one decoder layer -> its ``LoraSlot``, for
+    ``cfg.lora.rank`` (rank 0 without LoRA)."""
+    d, f, n, k, h = (
+        cfg.hidden_size,
+        cfg.intermediate_size,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.head_dim,
+    )
+    r = 0 if cfg.lora is None else cfg.lora.rank
+    slots = {}
+    for name, heads, axis in (("q", n, "q_heads"), ("k", k, "kv_heads"), ("v", k, "kv_heads")):
+        x = "n" if name == "q" else "k"
+        slots[name] = LoraSlot(
+            "attn", f"{name}_weight_d{x}h", f"{name}_lora_a_dr", f"{name}_lora_b_r{x}h",
+            (d, r), (r, heads, h), ("embed", "lora_rank"), ("lora_rank", axis, "head_dim"),
+            "btd,dr->btr", f"btr,r{x}h->bt{x}h", f"dr,r{x}h->d{x}h",
+        )  # fmt: skip
+    slots["o"] = LoraSlot(
+        "attn", "o_weight_nhd", "o_lora_a_nhr", "o_lora_b_rd",
+        (n, h, r), (r, d), ("q_heads", "head_dim", "lora_rank"), ("lora_rank", "embed"),
+        "btnh,nhr->btr", "btr,rd->btd", "nhr,rd->nhd",
+    )  # fmt: skip
+    for name in ("gate", "up"):
+        slots[name] = LoraSlot(
+            "mlp", f"{name}_weight_df", f"{name}_lora_a_dr", f"{name}_lora_b_rf",
+            (d, r), (r, f), ("embed", "lora_rank"), ("lora_rank", "mlp"),
+            "btd,dr->btr", "btr,rf->btf", "dr,rf->df",
+        )  # fmt: skip
+    slots["down"] = LoraSlot(
+        "mlp", "down_weight_fd", "down_lora_a_fr", "down_lora_b_rd",
+        (f, r), (r, d), ("mlp", "lora_rank"), ("lora_rank", "embed"),
+        "btf,fr->btr", "btr,rd->btd", "fr,rd->fd",
+    )  # fmt: skip
+    return slots
+
+
+def _add_lora(module: nnx.Module, cfg: ModelConfig, names: tuple[str, ...], rngs: nnx.Rngs):
+    """Gives ``module`` the LoRA pairs of those of ``names`` that ``cfg.lora`` targets: A
+    kaiming-uniform (PEFT's ``kaiming_uniform_(a=sqrt(5))``: U(+-1 / sqrt(fan_in))), B zero."""
+    lora = cfg.lora
+    if lora is None:
+        return
+    slots = lora_slots(cfg)
+    for name in names:
+        if name not in lora.targets:
+            continue
+        slot = slots[name]
+        bound = 1.0 / math.sqrt(slot.fan_in)
+        a = jax.random.uniform(rngs.params(), slot.a_shape, lora.param_dtype, -bound, bound)
+        b = jnp.zeros(slot.b_shape, lora.param_dtype)
+        setattr(module, slot.a, nnx.LoRAParam(a, logical_axes=slot.a_axes))
+        setattr(module, slot.b, nnx.LoRAParam(b, logical_axes=slot.b_axes))
+
+
+def _lora_delta(module: nnx.Module, cfg: ModelConfig, name: str, x, key, index: int):
+    """The LoRA term ``dropout(x) @ A @ B * alpha / rank`` of projection ``name`` on ``x`` (in
+    the compute dtype), or None when the projection has no adapter. Dropout only with a key
+    (``fold_in(key, index)``: each projection draws its own mask, as PEFT's)."""
+    lora = cfg.lora
+    if lora is None or name not in lora.targets:
+        return None
+    slot = lora_slots(cfg)[name]
+    dt = cfg.dtype
+    if key is not None and lora.dropout > 0:
+        keep = jax.random.bernoulli(jax.random.fold_in(key, index), 1.0 - lora.dropout, x.shape)
+        x = jnp.where(keep, x / (1.0 - lora.dropout), 0).astype(x.dtype)
+    h = jnp.einsum(slot.a_spec, x, getattr(module, slot.a)[...].astype(dt))
+    h = constrain(h * jnp.asarray(lora.scale, dt), ("batch", "seq", "lora_rank"))
+    return jnp.einsum(slot.b_spec, h, getattr(module, slot.b)[...].astype(dt))
+
+
+def _plus(x, delta):
+    return x if delta is None else x + delta
 
 
 class RMSNorm(nnx.Module):
@@ -105,8 +212,11 @@ class Attention(nnx.Module):
         self.o_weight_nhd = _param(
             rngs, _dense_init, (n, h, d), ("q_heads", "head_dim", "embed"), pd
         )
+        _add_lora(self, cfg, ("q", "k", "v", "o"), rngs)
 
-    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None):
+    def __call__(
+        self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None, lora_key=None
+    ):
         """Attention of the chunk's queries over the chunk's own keys or over a cache row.
 
         Args:
@@ -117,14 +227,17 @@ class Attention(nnx.Module):
             dropped) before attending over all S' allocated slots.
           query_b: None (every position queries), or [B] the one position per row that
             queries: every position's keys and values are still computed and written.
+          lora_key: a key for the LoRA adapters' dropout (None: no dropout).
 
         Returns:
           ([B, T, D] output ([B, 1, D] with ``query_b``), the updated (k_bkhs, v_bksh) or None).
         """
         cfg, dt = self.cfg, self.cfg.dtype
         k = jnp.einsum("btd,dkh->btkh", x_btd, self.k_weight_dkh[...].astype(dt))
+        k = _plus(k, _lora_delta(self, cfg, "k", x_btd, lora_key, 1))
         k = k + self.k_bias_kh[...].astype(dt)
         v = jnp.einsum("btd,dkh->btkh", x_btd, self.v_weight_dkh[...].astype(dt))
+        v = _plus(v, _lora_delta(self, cfg, "v", x_btd, lora_key, 2))
         v = v + self.v_bias_kh[...].astype(dt)
         k = constrain(apply_rope(k, cos_bth, sin_bth), _KV_AXES)
         if query_b is not None:
@@ -132,6 +245,7 @@ class Attention(nnx.Module):
                 at_positions(a, query_b) for a in (x_btd, cos_bth, sin_bth, mask_bts)
             )
         q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
+        q = _plus(q, _lora_delta(self, cfg, "q", x_btd, lora_key, 0))
         q = q + self.q_bias_nh[...].astype(dt)
         q = constrain(apply_rope(q, cos_bth, sin_bth), _Q_AXES)
         v = constrain(v, _KV_AXES)
@@ -158,6 +272,7 @@ class Attention(nnx.Module):
             extra = (keys, v_bksh)
         out_btnh = out_btkgh.reshape(b, t, n, h)
         out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
+        out = _plus(out, _lora_delta(self, cfg, "o", out_btnh, lora_key, 3))
         return out, extra
 
 
@@ -223,18 +338,22 @@ def _attention(q_btkgh, keys, v_bksh, mask_bts, dt, *, slot_minor: bool):
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
+        self.cfg = cfg
         self.dtype = cfg.dtype
         self.gate_weight_df = _param(rngs, _dense_init, (d, f), ("embed", "mlp"), pd)
         self.up_weight_df = _param(rngs, _dense_init, (d, f), ("embed", "mlp"), pd)
         self.down_weight_fd = _param(rngs, _dense_init, (f, d), ("mlp", "embed"), pd)
+        _add_lora(self, cfg, ("gate", "up", "down"), rngs)
 
-    def __call__(self, x_btd):
-        dt = self.dtype
+    def __call__(self, x_btd, lora_key=None):
+        cfg, dt = self.cfg, self.dtype
         gate = jnp.einsum("btd,df->btf", x_btd, self.gate_weight_df[...].astype(dt))
+        gate = _plus(gate, _lora_delta(self, cfg, "gate", x_btd, lora_key, 4))
         up = jnp.einsum("btd,df->btf", x_btd, self.up_weight_df[...].astype(dt))
-        return jnp.einsum(
-            "btf,fd->btd", jax.nn.silu(gate) * up, self.down_weight_fd[...].astype(dt)
-        )
+        up = _plus(up, _lora_delta(self, cfg, "up", x_btd, lora_key, 5))
+        hidden = jax.nn.silu(gate) * up
+        out = jnp.einsum("btf,fd->btd", hidden, self.down_weight_fd[...].astype(dt))
+        return _plus(out, _lora_delta(self, cfg, "down", hidden, lora_key, 6))
 
 
 class DecoderLayer(nnx.Module):
@@ -244,16 +363,19 @@ class DecoderLayer(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
         self.mlp = MLP(cfg, rngs=rngs)
 
-    def __call__(self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None):
+    def __call__(
+        self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None, lora_key=None
+    ):
         """One layer; with ``query_b`` ([B] positions) only those positions come out, [B, 1, D]
-        (every position's keys and values still reach the cache)."""
+        (every position's keys and values still reach the cache). ``lora_key``: the LoRA
+        dropout's key for this layer (None: none)."""
         attn_out, extra = self.attn(
-            self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv, query_b
+            self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv, query_b, lora_key
         )
         if query_b is not None:
             x_btd = at_positions(x_btd, query_b)
         x_btd = x_btd + attn_out
-        x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd)), _RESIDUAL_AXES)
+        x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd), lora_key), _RESIDUAL_AXES)
         return x_btd, extra
 
 
@@ -365,13 +487,16 @@ class Qwen2Trunk(nnx.Module):
             self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
 
-    def _run_layers(self, x_btd, cos_bth, sin_bth, mask_bts):
+    def _run_layers(self, x_btd, cos_bth, sin_bth, mask_bts, lora_key=None):
         """Teacher forcing through every layer (scanned or unrolled), rematerialised per layer
-        as ``cfg.remat`` says."""
+        as ``cfg.remat`` says. Layer i's LoRA dropout key is ``fold_in(lora_key, i)``."""
         cfg = self.cfg
+        keys = None
+        if lora_key is not None:
+            keys = jax.vmap(lambda i: jax.random.fold_in(lora_key, i))(jnp.arange(cfg.num_layers))
 
-        def apply(x_btd, graphdef, state):
-            x_btd, _ = nnx.merge(graphdef, state)(x_btd, cos_bth, sin_bth, mask_bts)
+        def apply(x_btd, graphdef, state, key):
+            x_btd, _ = nnx.merge(graphdef, state)(x_btd, cos_bth, sin_bth, mask_bts, lora_key=key)
             return x_btd
 
         if cfg.remat != "none":
@@ -383,11 +508,13 @@ class Qwen2Trunk(nnx.Module):
                 static_argnums=(1,),
             )
         if not cfg.scan_layers:
-            for layer in self.layers:
-                x_btd = apply(x_btd, *nnx.split(layer))
+            for i, layer in enumerate(self.layers):
+                x_btd = apply(x_btd, *nnx.split(layer), None if keys is None else keys[i])
             return x_btd
         graphdef, state = nnx.split(self.layers)
-        x_btd, _ = jax.lax.scan(lambda x, s: (apply(x, graphdef, s), None), x_btd, state)
+        x_btd, _ = jax.lax.scan(
+            lambda x, s_k: (apply(x, graphdef, *s_k), None), x_btd, (state, keys)
+        )
         return x_btd
 
     def __call__(
@@ -398,6 +525,7 @@ class Qwen2Trunk(nnx.Module):
         cache: KVCache | None = None,
         num_new_b: jax.Array | None = None,
         last_only: bool = False,
+        lora_dropout_key: jax.Array | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Returns the final hidden states [B, T, D] and the updated cache (or None).
 
@@ -414,8 +542,12 @@ class Qwen2Trunk(nnx.Module):
             layer then runs its queries, attention output and MLP at that one position: only
             its keys and values are needed at the others. This is what a prefill needs for the
             next token's logits.
+          lora_dropout_key: teacher forcing only: a PRNG key for the LoRA adapters' dropout
+            (``cfg.lora.dropout``); None (the default, and always with a cache) applies none.
         """
         cfg = self.cfg
+        if cache is not None and lora_dropout_key is not None:
+            raise ValueError("lora_dropout_key is for teacher forcing; a cached pass has none")
         b, t = tokens_bt.shape
         # FSDP: gather the table's embed axis before the lookup (as for any weight about to be
         # used), so the gathered rows come out batch-sharded rather than width-sharded.
@@ -429,7 +561,7 @@ class Qwen2Trunk(nnx.Module):
             causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
             mask_bts = causal_ts[None] & mask_bt[:, None, :]
             cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
-            x_btd = self._run_layers(x_btd, cos_bth, sin_bth, mask_bts)
+            x_btd = self._run_layers(x_btd, cos_bth, sin_bth, mask_bts, lora_dropout_key)
             return self.final_norm(x_btd), None
 
         if num_new_b is None:
@@ -489,9 +621,17 @@ class Qwen2ForCausalLM(nnx.Module):
             out = jnp.einsum("btd,dv->btv", hidden_btd, self.lm_head_dv[...].astype(dt))
         return constrain(out.astype(jnp.float32), ("batch", "seq", "act_vocab"))
 
-    def __call__(self, tokens_bt, *, mask_bt=None, cache=None, num_new_b=None):
+    def __call__(
+        self, tokens_bt, *, mask_bt=None, cache=None, num_new_b=None, lora_dropout_key=None
+    ):
         """Returns (logits [B, T, V] float32, updated cache or None). See ``Qwen2Trunk``."""
-        hidden, cache = self.trunk(tokens_bt, mask_bt=mask_bt, cache=cache, num_new_b=num_new_b)
+        hidden, cache = self.trunk(
+            tokens_bt,
+            mask_bt=mask_bt,
+            cache=cache,
+            num_new_b=num_new_b,
+            lora_dropout_key=lora_dropout_key,
+        )
         return self.logits(hidden), cache
 
 
@@ -525,8 +665,8 @@ class Qwen2ValueModel(nnx.Module):
             shard_model(model, placement.mesh)
         return model
 
-    def __call__(self, tokens_bt, *, mask_bt=None):
+    def __call__(self, tokens_bt, *, mask_bt=None, lora_dropout_key=None):
         """[B, T] float32 values for each token's prefix (teacher forcing)."""
-        hidden_btd, _ = self.trunk(tokens_bt, mask_bt=mask_bt)
+        hidden_btd, _ = self.trunk(tokens_bt, mask_bt=mask_bt, lora_dropout_key=lora_dropout_key)
         w = self.value_weight_d[...].astype(jnp.float32)
         return hidden_btd.astype(jnp.float32) @ w + self.value_bias[...].astype(jnp.float32)

@@ -74,14 +74,33 @@ def random_hf_checkpoint(
     return out_dir
 
 
-def hf_logits(ckpt_dir: str | pathlib.Path, tokens_bt: np.ndarray, mask_bt: np.ndarray):
-    """[B, T, V] float32 logits of transformers' Qwen2ForCausalLM (eager attention) on a batch."""
+def hf_logits(
+    ckpt_dir: str | pathlib.Path,
+    tokens_bt: np.ndarray,
+    mask_bt: np.ndarray,
+    *,
+    adapter_dir: str | pathlib.Path | None = None,
+):
+    """[B, T, V] float32 logits of transformers' Qwen2ForCausalLM (eager attention) on a batch;
+    with ``adapter_dir``, of that PEFT adapter loaded onto it (``peft.PeftModel``)."""
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
     model = transformers.Qwen2ForCausalLM.from_pretrained(
         str(ckpt_dir), attn_implementation="eager", dtype=torch.float32
     ).eval()
+    if adapter_dir is not None:
+        import peft  # noqa: PLC0415
+
+        model = peft.PeftModel.from_pretrained(model, str(adapter_dir)).eval()
+    return torch_logits(model, tokens_bt, mask_bt)
+
+
+def torch_logits(model, tokens_bt: np.ndarray, mask_bt: np.ndarray) -> np.ndarray:
+    """[B, T, V] float32 logits of a transformers (or PEFT) causal LM on a padded batch, with
+    positions that count only real tokens."""
+    import torch  # noqa: PLC0415
+
     with torch.no_grad():
         out = model(
             input_ids=torch.as_tensor(np.asarray(tokens_bt), dtype=torch.long),
