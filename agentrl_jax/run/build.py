@@ -491,13 +491,7 @@ def build(config: RunConfig, workdir: str) -> Parts:
 def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
     mesh = device_mesh(config)
     is_multihost = jax.process_count() > 1
-    made: dict[str, dict[str, list[Task]]] = {}  # the train tasks, if a step below needs them
-
-    def train() -> dict[str, list[Task]]:
-        if "train" not in made:
-            made["train"] = train_tasks(config)
-        return made["train"]
-
+    train = functools.cache(lambda: train_tasks(config))  # if a step below needs them
     if is_multihost:
         multihost.check_agreement(fingerprint(config, evals, train()))
     tok = tokenizer(
@@ -532,6 +526,6 @@ def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
         sampler=sampler,
         worker=worker_cls(pool, sampler, tok, template, config.rollout),
     )
-    if made:
-        parts.train_tasks = made["train"]  # the cached property's value, made once
+    if train.cache_info().currsize:
+        parts.train_tasks = train()  # the cached property's value, made once
     return parts

@@ -4,12 +4,14 @@
       -> advantages (kernels, by name) -> epochs of minibatch updates (Learner) -> metrics
       -> TensorBoard, checkpoints (orbax), evaluation
 
-A run is: build or load the tokenizer, SFT on expert demonstrations, evaluate, RL iterations,
-evaluate. Evaluations on the tuning split (``valid``) drive checkpoint selection; the two at the
-ends of the phases also play the report split (``test``), which the before/after table reads.
-Everything is deterministic given the seed on CPU: each iteration derives its JAX key and numpy
-generator from (seed, iteration), so a resumed run repeats exactly what an
-uninterrupted run does. Rerunning with the same workdir resumes from the last checkpoint.
+A run is: build its parts (``run/build.py``: tasks, actor pool, tokenizer, policy, sampler), SFT
+on expert demonstrations, evaluate, RL iterations, evaluate. Where it is (phase, RL iteration,
+evaluations so far) is a ``RunState`` (``run/state.py``), saved in every checkpoint's meta.
+Evaluations on the tuning split (``valid``) drive checkpoint selection; the two at the ends of the
+phases also play the report split (``test``), which the before/after table reads. Everything is
+deterministic given the seed on CPU: each iteration derives its JAX key and numpy generator from
+(seed, iteration), so a resumed run repeats exactly what an uninterrupted run does. Rerunning
+with the same workdir resumes from the last checkpoint.
 
 Multi-host (``jax.process_count() > 1``): every process runs this same code; each plays its
 share of the episodes with its own actor pool and a process-local copy of the policy, the
