@@ -4,12 +4,13 @@ r"""Evaluates a trained run on held-out tasks and plots its learning curve.
     python -m launch.eval --workdir=runs/tiny_textworld --split=test --decoding=free
     python -m launch.eval --workdir=runs/alf --env=alfworld --split=valid_unseen --levels=all
 
-Restores the run's newest checkpoint (its config is ``WORKDIR/config.json``, written by
-launch.train), plays one greedy episode per task, and writes, under ``WORKDIR/eval``: a JSON and
-a markdown report per level (success overall and per task type with 95% Wilson intervals, mean
-steps; the split, number of games, decoding mode, temperature and seed) and
-``learning_curve.png`` from the run's TensorBoard scalars (SFT against its steps, RL against its
-episodes, evaluations marked).
+Builds the run's parts (``agentrl_jax/run/build.py``: tasks, actor pool, tokenizer, policy,
+sampler; no trainer) from its config (``WORKDIR/config.json``, written by launch.train), reads
+the policy of the run's newest checkpoint into them, plays one greedy episode per task, and
+writes, under ``WORKDIR/eval``: a JSON and a markdown report per level (success overall and per
+task type with 95% Wilson intervals, mean steps; the split, number of games, decoding mode,
+temperature and seed) and ``learning_curve.png`` from the run's TensorBoard scalars (SFT against
+its steps, RL against its episodes, evaluations marked).
 
 ``--split``: a held-out split of the env family, as it registered them (TextWorld: ``valid``,
 the tuning split, or ``test``, the reporting one; default: the run's evaluation split).
@@ -26,12 +27,12 @@ import os
 
 import jax
 import ml_collections
-from absl import app, flags
+from absl import app, flags, logging
 
 from agentrl_jax import compile_cache
 from agentrl_jax.envs import registry
 from agentrl_jax.experiments import evaluate as evaluation
-from agentrl_jax.run import logs
+from agentrl_jax.run import logs, paths
 from agentrl_jax.run.config import ConfigError, from_config_dict, import_plugins
 from launch import cli
 
@@ -56,6 +57,85 @@ _TRANSCRIPTS = flags.DEFINE_integer(
     "Episodes per level written out as text, eval/<name>_<level>_transcripts.md (default: the "
     "run's env.num_transcripts).",
 )
+
+
+def _evaluate(
+    parts, policy, name: str
+) -> tuple[dict[str, float], dict[str, evaluation.EvalResult]]:
+    """``policy`` played greedily on every held-out level of ``parts``, as the trainer's
+    evaluations play them: a report per level under WORKDIR/eval, the metrics and results back.
+    """
+    from agentrl_jax.run import build, multihost
+    from agentrl_jax.run.watchdog import Watchdog
+
+    config = parts.config
+    sets = parts.eval_tasks
+    logging.info(
+        "evaluation %s: %s",
+        name,
+        ", ".join(f"{level} ({len(tasks)} games)" for level, tasks in sets.items()),
+    )
+    metrics, results = {}, {}
+    with Watchdog(config.watchdog_s).guard(f"evaluation {name}"):
+        build.sync_sampler(parts.sampler, policy, parts.policy.cfg.dtype, parts.local_mesh)
+        try:
+            for level, tasks in sets.items():
+                result = results[level] = evaluation.evaluate(
+                    parts.worker,
+                    tasks,
+                    jax.random.key(0),
+                    greedy=True,
+                    seed=config.seed,
+                    transcripts=config.env.num_transcripts,
+                )
+                if multihost.is_primary():
+                    evaluation.write_report(
+                        result,
+                        os.path.join(parts.workdir, "eval"),
+                        f"{name}_{level.replace('@', '_')}",
+                    )
+                overall = result.overall
+                metrics[f"eval/{level}/success_rate"] = overall.success_rate
+                metrics[f"eval/{level}/mean_steps"] = overall.mean_steps
+                metrics[f"eval/{level}/mean_return"] = overall.mean_return
+        finally:
+            parts.sampler.release()
+    metrics["eval/success_rate"] = metrics[f"eval/{next(iter(sets))}/success_rate"]
+    return metrics, results
+
+
+def _evaluate_latest(config, workdir: str, name: str):
+    """The policy of the run's newest checkpoint, evaluated (``_evaluate``) in the run's parts."""
+    from agentrl_jax.run import build
+    from agentrl_jax.run.state import restore_latest
+
+    checkpointer = build.checkpointer(config, workdir)
+    try:
+        if checkpointer.latest_step() is None:
+            cli.fail(f"eval: no checkpoint under {workdir}/checkpoints")
+        parts = build.build(config, paths.absolute(workdir))
+        try:
+            critic = build.critic(config, parts.policy)  # the RL state's structure holds it
+            restored = restore_latest(
+                checkpointer,
+                config,
+                policy=parts.policy,
+                critic=critic,
+                learner=build.rl_learner(config, parts.policy, critic, parts.mesh),
+                mesh=parts.mesh,
+                reference=False,  # not played
+            )
+            logging.info(
+                "evaluating checkpoint %d (phase %s, after %d RL iterations)",
+                restored.step,
+                restored.meta.run.phase,
+                restored.meta.run.rl_iteration,
+            )
+            return _evaluate(parts, restored.train.policy, name)
+        finally:
+            parts.close()
+    finally:
+        checkpointer.close()
 
 
 def main(argv):
@@ -103,20 +183,8 @@ def main(argv):
         cli.fail(f"config error: {e}")
     compile_cache.enable(config.compile_cache)  # before anything compiles
 
-    from agentrl_jax.run.trainer import Trainer
-
-    trainer = Trainer(config, workdir)
-    try:
-        if not trainer.restore():
-            cli.fail(f"eval: no checkpoint under {workdir}/checkpoints")
-        name = f"eval_{split or 'heldout'}" + (f"_{_DECODING.value}" if _DECODING.value else "")
-        metrics = trainer.evaluate(name)
-        results = {
-            level: evaluation.EvalResult.from_json(r)
-            for level, r in trainer.meta["evals"][name].items()
-        }
-    finally:
-        trainer.close()
+    name = f"eval_{split or 'heldout'}" + (f"_{_DECODING.value}" if _DECODING.value else "")
+    metrics, results = _evaluate_latest(config, workdir, name)
     out = os.path.join(workdir, "eval")
     tags = evaluation.plot_learning_curve(
         os.path.join(workdir, "tensorboard"), os.path.join(out, "learning_curve.png")

@@ -213,23 +213,20 @@ def agree() -> None:
     import train_cli
 
     from agentrl_jax.envs.base import Task
+    from agentrl_jax.run import build
     from agentrl_jax.run.config import from_config_dict
-    from agentrl_jax.run.trainer import Trainer
 
     def fingerprint(differ: bool):
         config = from_config_dict(train_cli.tiny_config(rl=dict(actor_lr=2e-4 if differ else 1e-4)))
         eval_ids = ["v/0", "v/9" if differ else "v/1"]
-        trainer = types.SimpleNamespace(
-            config=config,
-            train_tasks={"simple": [Task("textworld", "train", f"simple/{i}") for i in range(3)]},
-            eval_tasks={"simple": [Task("textworld", "valid", i) for i in eval_ids]},
-            tokenizer=types.SimpleNamespace(
-                get_vocab=lambda: {"a": 0, "b": 1, "c" if differ else "d": 2},
-                all_special_tokens=["<pad>"],
-            ),
+        train_tasks = {"simple": [Task("textworld", "train", f"simple/{i}") for i in range(3)]}
+        eval_tasks = {"simple": [Task("textworld", "valid", i) for i in eval_ids]}
+        tokenizer = types.SimpleNamespace(
+            get_vocab=lambda: {"a": 0, "b": 1, "c" if differ else "d": 2},
+            all_special_tokens=["<pad>"],
         )
-        out = Trainer._fingerprint(trainer)
-        out["tokenizer"] = Trainer._tokenizer_fingerprint(trainer)
+        out = build.fingerprint(config, eval_tasks, train_tasks)
+        out["tokenizer"] = build.tokenizer_fingerprint(tokenizer)
         if differ:
             out["code"]["agentrl_jax/run/trainer.py"] = "0" * 16
         return out

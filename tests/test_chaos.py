@@ -27,8 +27,9 @@ from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.rollout import RolloutWorker
+from agentrl_jax.run.build import model_config, rl_learner, rl_sampling
 from agentrl_jax.run.config import from_config_dict
-from agentrl_jax.run.trainer import Trainer, model_config, rl_learner, rl_sampling
+from agentrl_jax.run.trainer import Trainer
 from agentrl_jax.sampling import Sampler, StopConfig
 
 STEP_TIMEOUT_S = 1.0

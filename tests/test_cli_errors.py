@@ -65,6 +65,10 @@ def test_eval_flags_end_in_one_line(tmp_path):
     assert rc == 2 and "--decoding" in line and "free" in line and "constrained" in line, line
     rc, line = _eval(tmp_path, "--num_task=3")
     assert rc == 2 and "num_task" in line, line
+    # Told before anything is built (no tokenizer, actor pool or policy).
+    rc, line = _eval(tmp_path)
+    assert rc == 2 and line == f"eval: no checkpoint under {tmp_path}/checkpoints", line
+    assert not (tmp_path / "tokenizer").exists()
 
 
 def test_override_check_walks_nested_sections():

@@ -16,9 +16,9 @@ from agentrl_jax import kernels
 from agentrl_jax.benchmarks.learner import synthetic_episodes
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.rl.rl_update import RLUpdate
+from agentrl_jax.run.build import rl_learner
 from agentrl_jax.run.config import from_config_dict, load_config_file
 from agentrl_jax.run.tensorboard import read_scalars
-from agentrl_jax.run.trainer import rl_learner
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLES = os.path.join(REPO, "docs", "examples")

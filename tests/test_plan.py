@@ -121,7 +121,7 @@ def _abstract_policy(config):
 
     from agentrl_jax import sharding
     from agentrl_jax.models import Qwen2ForCausalLM
-    from agentrl_jax.run.trainer import model_config, rl_learner
+    from agentrl_jax.run.build import model_config, rl_learner
 
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))

@@ -20,7 +20,7 @@ from agentrl_jax import sharding
 from agentrl_jax.experiments.plan import device_bytes
 from agentrl_jax.models import Qwen2ForCausalLM
 from agentrl_jax.models.testing import random_model
-from agentrl_jax.run import multihost, trainer
+from agentrl_jax.run import build, multihost, trainer
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL
 
@@ -95,7 +95,7 @@ def test_sync_releases_the_old_copy_before_building_the_new_one(policy, monkeypa
     state = {"old": []}
     seen = _spy_on(monkeypatch, multihost, "local_copy", state)
     for _ in range(3):
-        trainer.sync_sampler(sampler, params, jnp.bfloat16, local)
+        build.sync_sampler(sampler, params, jnp.bfloat16, local)
         state["old"] = jax.tree.leaves(sampler.state)
     # The first sync borrowed nothing it could delete (the module's own arrays stay alive).
     assert seen == [True, True, True]
@@ -106,19 +106,19 @@ def test_sync_releases_the_old_copy_before_building_the_new_one(policy, monkeypa
 
     # One host, float32 compute: the train state's arrays, borrowed, never deleted.
     single = Sampler(model, mesh=params["trunk"]["embed_vd"][...].sharding.mesh)
-    trainer.sync_sampler(single, params, jnp.float32)
+    build.sync_sampler(single, params, jnp.float32)
     assert single.state is params
-    trainer.sync_sampler(single, params, jnp.float32)
+    build.sync_sampler(single, params, jnp.float32)
     assert not any(x.is_deleted() for x in jax.tree.leaves(params))
     # One host, bf16 compute over float32 parameters: a bf16 copy in the train state's layout,
     # owned, and deleted by the next sync before it casts again.
     state["old"] = []
     seen = _spy_on(monkeypatch, sharding, "cast_copy", state)
-    trainer.sync_sampler(single, params, jnp.bfloat16)
+    build.sync_sampler(single, params, jnp.bfloat16)
     state["old"] = jax.tree.leaves(single.state)
     for got, want in zip(state["old"], jax.tree.leaves(params)):
         assert got.dtype == jnp.bfloat16 and got.sharding.is_equivalent_to(want.sharding, got.ndim)
-    trainer.sync_sampler(single, params, jnp.bfloat16)
+    build.sync_sampler(single, params, jnp.bfloat16)
     assert seen == [True, True]
     assert not any(x.is_deleted() for x in jax.tree.leaves(params))
 
@@ -127,7 +127,7 @@ def test_tp_split_sampler_plays_the_replicated_samplers_turns(policy):
     model, params = policy
     local = multihost.local_mesh(CFG)
     split = Sampler(model, mesh=local, **BUCKETS)
-    trainer.sync_sampler(split, params, jnp.float32, local)
+    build.sync_sampler(split, params, jnp.float32, local)
     assert _shard(split.state["trunk"]["layers"][0]["mlp"]["up_weight_df"]) == (64, 128 // 4)
     # The layout the sampler had before: every parameter whole on every device.
     everywhere = sharding.make_mesh((8, 1, 1))

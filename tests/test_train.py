@@ -402,9 +402,10 @@ def _checkpoint_trainer(config, directory):
     from agentrl_jax.models import Qwen2ForCausalLM
     from agentrl_jax.models.testing import random_model
     from agentrl_jax.rollout.curriculum import Curriculum
+    from agentrl_jax.run.build import rl_learner
     from agentrl_jax.run.checkpoint import Checkpointer
+    from agentrl_jax.run.state import RunState
     from agentrl_jax.run.tensorboard import SummaryWriter
-    from agentrl_jax.run.trainer import rl_learner
     from agentrl_jax.run.watchdog import Watchdog
 
     policy = random_model(Qwen2ForCausalLM)
@@ -414,7 +415,8 @@ def _checkpoint_trainer(config, directory):
         critic=None,
         learner=rl_learner(config, policy, None),
         checkpointer=Checkpointer(directory, keep_last=2, keep_best=0, async_save=False),
-        meta={"phase": "rl", "rl_iteration": 0, "evals": {}},
+        run_state=RunState(phase="rl"),
+        mesh=None,
         curriculum=Curriculum(config.curriculum),
         watchdog=Watchdog(0),
         writer=SummaryWriter(os.path.join(directory, "tensorboard"), enabled=False),
@@ -437,6 +439,8 @@ def _leaves(tree):
 def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef, dtype):
     import orbax.checkpoint as ocp
 
+    from agentrl_jax.run.state import RunState
+
     rl = dict(kl_coef=kl_coef, reference_dtype=dtype)
     config = from_config_dict(_config(rl=rl), num_devices=1)
     directory = str(tmp_path / "checkpoints")
@@ -452,7 +456,7 @@ def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef
         run.state = dataclasses.replace(
             run.state, policy=jax.tree.map(lambda x: x + 1.0, run.state.policy)
         )
-        run.meta["rl_iteration"] = it + 1
+        run.run_state.rl_iteration = it + 1
         run.save()
     moved = _leaves(run.state.policy)
     run.checkpointer.close()
@@ -468,7 +472,16 @@ def test_reference_policy_is_saved_once_and_restored_on_resume(tmp_path, kl_coef
     # A resumed run restores the RL state and the reference as RL started.
     resumed = _checkpoint_trainer(config, directory)
     assert resumed.restore()
-    assert resumed.meta["rl_iteration"] == 3 and "reference" not in resumed.meta
+    assert resumed.run_state == RunState(phase="rl", rl_iteration=3, checkpoint=2)
+    # The meta keeps the untyped dict's keys, naming the reference when there is one.
+    assert resumed.checkpointer.read_meta(2) == {
+        "phase": "rl",
+        "rl_iteration": 3,
+        "evals": {},
+        "checkpoint": 2,
+        "curriculum": resumed.curriculum.state_dict(),
+        **({"reference": "reference"} if kl_coef else {}),
+    }
     for a, b in zip(_leaves(resumed.state.policy), moved, strict=True):
         assert (a == b).all()
     if kl_coef:

@@ -17,6 +17,7 @@ import sys, time, types
 sys.path.insert(0, {tests!r})
 import train_cli
 from agentrl_jax.run.config import from_config_dict
+from agentrl_jax.run.state import RunState
 from agentrl_jax.run.trainer import Trainer
 from agentrl_jax.run.watchdog import Watchdog
 
@@ -30,7 +31,7 @@ def rl_iteration(it):
 trainer = types.SimpleNamespace(
     config=config,
     ref_policy="frozen",
-    meta={{"phase": "rl", "rl_iteration": 0, "evals": {{}}}},
+    run_state=RunState(phase="rl"),
     num_rl_iterations=lambda: 3,
     rl_iteration=rl_iteration,
     evaluate=lambda name, report=False: {{}},
@@ -41,7 +42,7 @@ trainer = types.SimpleNamespace(
 )
 trainer._rl_loop_body = lambda *args: Trainer._rl_loop_body(trainer, *args)
 Trainer.run_rl(trainer)
-print("finished", trainer.meta["phase"], flush=True)
+print("finished", trainer.run_state.phase, flush=True)
 """
 
 

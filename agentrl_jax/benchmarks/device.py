@@ -57,8 +57,8 @@ from agentrl_jax.benchmarks.sampler import Runs, Sizes, _multi_turn, _reference_
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
 from agentrl_jax.models.config import ModelConfig, preset
 from agentrl_jax.rl.rl_update import RLUpdate
+from agentrl_jax.run.build import model_config, rl_learner
 from agentrl_jax.run.config import from_config_dict, load_config_file
-from agentrl_jax.run.trainer import model_config, rl_learner
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import random_policy
 

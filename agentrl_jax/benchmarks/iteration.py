@@ -106,20 +106,15 @@ def write_checkpoint(spec: Spec, directory: str) -> None:
     from agentrl_jax.models import Qwen2ForCausalLM, preset  # noqa: PLC0415
     from agentrl_jax.models.hf_checkpoint import save_hf_checkpoint  # noqa: PLC0415
     from agentrl_jax.models.tokenizer import build_tokenizer  # noqa: PLC0415
-    from agentrl_jax.rollout.tasks import make_tasks  # noqa: PLC0415
-    from agentrl_jax.run.trainer import expert_texts  # noqa: PLC0415
+    from agentrl_jax.run import build  # noqa: PLC0415
     from agentrl_jax.sharding import create_sharded_model  # noqa: PLC0415
 
     config = bench_config(dataclasses.replace(spec, checkpoint=""))
     env = config.env
-    tasks = [
-        t
-        for level in config.curriculum.levels
-        for t in make_tasks(env.name, level, "train", env.num_train_tasks, dict(env.kwargs))
-    ]
+    tasks = [t for level in build.train_tasks(config).values() for t in level]
     pool = ActorPool(env.name, dict(env.kwargs), num_workers=env.num_workers)
     try:
-        texts = expert_texts(pool, tasks, config.rollout)
+        texts = build.expert_texts(pool, tasks, config.rollout)
     finally:
         pool.close()
     tokenizer = build_tokenizer(texts, 2048 if not spec.quick else 1024, directory)

@@ -34,8 +34,8 @@ from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.trajectory import Step, Trajectory
+from agentrl_jax.run.build import rl_learner
 from agentrl_jax.run.config import from_config_dict, load_config_file
-from agentrl_jax.run.trainer import rl_learner
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_textworld.py")
 PAD = 0

@@ -54,8 +54,7 @@ from agentrl_jax.rl import rl_batch, sft_data
 from agentrl_jax.rl.rl_update import score_rows
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import multihost
-from agentrl_jax.run.config import RunConfig
-from agentrl_jax.run.trainer import (
+from agentrl_jax.run.build import (
     casts,
     model_config,
     reference_copy,
@@ -63,6 +62,7 @@ from agentrl_jax.run.trainer import (
     rl_sampling,
     sft_learner,
 )
+from agentrl_jax.run.config import RunConfig
 from agentrl_jax.sampling import Sampler, StopConfig
 
 GIB = 1 << 30
@@ -101,7 +101,7 @@ def memory_plan(
       "f32_replica_bytes"}, "programs": [{"name", "shapes", "compile_s", "per_device_bytes":
       {"arguments", "outputs", "temporaries", "aliased", "total", "resident", "peak"},
       "analytic_bytes": {"params", "optimizer"}}], "largest"}. ``sampler`` is the sampler's
-      copy of the policy (``trainer.sync_sampler``): its mesh, dtype, whether it is a copy of
+      copy of the policy (``build.sync_sampler``): its mesh, dtype, whether it is a copy of
       its own beside the train state, and its bytes per device, next to the whole policy in
       float32 on every device (the replica multi-host runs used to hold).
 
@@ -210,7 +210,7 @@ def tpu_devices(topology: str) -> list[jax.Device]:
 def sampler_copy(model_cfg, policy, mesh, local_devices=None):
     """``(mesh, params, owned)``: where the sampler runs and its copy of the policy, abstract.
 
-    What ``trainer.sync_sampler`` gives the sampler: on one host (``local_devices`` None) the
+    What ``build.sync_sampler`` gives the sampler: on one host (``local_devices`` None) the
     run's ``mesh`` and the train state's ``policy`` (abstract, float32 parameters), cast to the
     compute dtype when it differs (a copy of its own: ``owned``); multi-host, the first host's
     ``multihost.local_mesh`` and the policy there in the compute dtype, split by the rules.

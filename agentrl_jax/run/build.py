@@ -1,0 +1,531 @@
+"""A run's parts, assembled from its config, without a Trainer.
+
+    build(config, workdir) -> Parts: the held-out tasks, the actor pool, the mesh, the tokenizer
+      (checked across hosts), the chat template, the policy, the sampler and the rollout worker
+    rl_learner / sft_learner: the learners of the two phases; critic: the value model
+    reference_copy: the frozen KL reference; sync_sampler: the sampler's copy of the policy
+
+The trainer (``run/trainer.py``) builds its parts here, then adds what only training needs (the
+learners, the RL update, checkpoints, TensorBoard). ``launch.eval`` builds the same parts to play
+a checkpoint's policy, ``launch.plan`` (``experiments/plan.py``) and the benchmarks take the
+learners and model shapes from here, so each builds exactly what a run builds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import os
+import pathlib
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from absl import logging
+from flax import nnx
+from jax.sharding import Mesh
+
+from agentrl_jax import kernels, sharding
+from agentrl_jax.envs.actors import ActorPool
+from agentrl_jax.envs.base import Task
+from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
+from agentrl_jax.rl import sft_data
+from agentrl_jax.rl.learner import Learner, LossWeights
+from agentrl_jax.rollout import tasks as tasks_lib
+from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.chat_template import ChatTemplate
+from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, render_observation
+from agentrl_jax.rollout.trajectory import Trajectory
+from agentrl_jax.run import multihost, workdir_config
+from agentrl_jax.run.checkpoint import Checkpointer
+from agentrl_jax.run.config import RunConfig
+from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+from agentrl_jax.sharding import create_sharded_model, make_mesh
+
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+# ---------------------------------------------------------------------------- learners
+
+
+def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
+    """The RL Learner of a run: Adam for actor and critic, the configured losses and weights.
+
+    ``num_iterations``: the run's RL iterations, the ENVRL weights' horizon when
+    ``envrl.horizon`` is 0 (the schedule then steps by RL-phase progress, see ``RLUpdate``).
+    """
+    rl = config.rl
+    actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
+    critic_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr))
+    envrl = None
+    if config.envrl.enabled:
+        envrl = kernels.EnvrlConfig(
+            sp_weight=config.envrl.sp_weight,
+            id_weight=config.envrl.id_weight,
+            horizon=config.envrl.horizon or num_iterations,
+        )
+    return Learner(
+        policy,
+        critic,
+        actor_tx,
+        critic_tx if critic is not None else None,
+        loss_config=config.loss_config(),
+        policy_loss=rl.loss,
+        weights=LossWeights(
+            value=rl.value_coef,
+            kl=rl.kl_coef if rl.kl_mode == "loss" else 0.0,
+            entropy=rl.entropy_coef,
+        ),
+        envrl=envrl,
+        temperature=rl.temperature,
+        logits_chunk=config.model.logits_chunk,
+        microbatch_size=rl.microbatch_size or None,
+        mesh=mesh,
+    )
+
+
+def model_config(config: RunConfig, vocab_size: int | None = None) -> ModelConfig:
+    """The policy's shape and numerics, without any weights.
+
+    From the checkpoint's config.json (the only file read) when ``model.checkpoint`` is set, else
+    ``model.preset`` with ``model.overrides``; ``vocab_size`` (a fresh model's tokenizer) goes
+    under the overrides.
+    """
+    cfg = config.model
+    numerics = {"dtype": DTYPES[cfg.dtype], "remat": cfg.remat, "scan_layers": cfg.scan_layers}
+    if cfg.checkpoint:
+        from agentrl_jax.models.hf_checkpoint import load_config
+
+        return load_config(cfg.checkpoint, **numerics)
+    vocab = {} if vocab_size is None else {"vocab_size": vocab_size}
+    return preset(cfg.preset, **{**numerics, **vocab, **dict(cfg.overrides)})
+
+
+def rl_sampling(config: RunConfig) -> SamplingParams:
+    """How RL rollouts sample (the learner's log-probs are of the same ``logits / T``)."""
+    rl = config.rl
+    return SamplingParams(temperature=rl.temperature, top_k=rl.top_k, top_p=rl.top_p)
+
+
+def sft_learner(config: RunConfig, policy, total_steps: int, mesh=None) -> Learner:
+    """Adam, linear warmup then cosine decay to ``end_lr_fraction`` over ``total_steps``."""
+    sft = config.sft
+    warmup = max(sft.warmup_steps, 1)
+    schedule = optax.warmup_cosine_decay_schedule(
+        0.0,
+        sft.learning_rate,
+        warmup_steps=warmup,
+        decay_steps=max(total_steps, warmup + 1),
+        end_value=sft.learning_rate * sft.end_lr_fraction,
+    )
+    tx = optax.chain(optax.clip_by_global_norm(config.rl.max_grad_norm), optax.adam(schedule))
+    return Learner(
+        policy,
+        None,
+        tx,
+        logits_chunk=config.model.logits_chunk,
+        microbatch_size=sft.microbatch_size or None,
+        mesh=mesh,
+    )
+
+
+def sft_dataset(config: RunConfig, demos: list[Trajectory], pad_id: int) -> sft_data.SftDataset:
+    """The SFT batches of the won demonstrations ``demos`` (length buckets up to the context)."""
+    examples, stats = sft_data.demonstration_examples(
+        demos, config.rollout.context_mode, pad_id=pad_id, max_len=config.rollout.max_seq_len
+    )
+    logging.info("SFT data: %s", stats)
+    max_len = config.rollout.max_seq_len
+    buckets = tuple(b for b in sft_data.DEFAULT_BUCKETS if b < max_len)
+    return sft_data.SftDataset(
+        examples,
+        sft_data.SftDataConfig(
+            batch_size=config.sft.batch_size,
+            buckets=(*buckets, max_len),
+            num_epochs=config.sft.epochs,
+            seed=config.seed,
+            group_by_length=config.sft.group_by_length,
+        ),
+        pad_id,
+    )
+
+
+# ---------------------------------------------------------------------------- the policy's copies
+
+
+def casts(tree: Any, dtype: Any) -> bool:
+    """Whether any floating array of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) is not in
+    ``dtype``: the sampler then needs a copy of its own (``sync_sampler``)."""
+    floating = (x.dtype for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating))
+    return any(d != np.dtype(dtype) for d in floating)
+
+
+def sync_sampler(sampler: Sampler, policy: Any, dtype: Any, local: Mesh | None = None) -> None:
+    """Gives ``sampler`` the policy's parameters ``policy`` (the train state's) in ``dtype``.
+
+    The sampler's previous copy is released first (its arrays deleted when it owns them), so
+    two copies never coexist. Then:
+
+    - multi-host (``local``: this process's mesh): a copy in ``dtype`` split over the local
+      devices (``multihost.local_copy``), owned by the sampler;
+    - one host, parameters stored in another dtype than the compute one (f32 under bf16
+      compute): a ``dtype`` copy in the train state's layout, owned by the sampler: half the
+      bytes a decode step reads, and no per-turn cast of every weight;
+    - one host, parameters already in ``dtype`` (f32 on CPU): the train state's own arrays,
+      borrowed, no copy.
+    """
+    sampler.release()
+    if local is not None:
+        sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
+    elif casts(policy, dtype):
+        sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
+    else:
+        sampler.set_state(policy)
+
+
+def reference_copy(policy: Any, dtype: str) -> Any:
+    """The frozen KL reference made from the policy's parameters (arrays, or abstract
+    ``jax.ShapeDtypeStruct``s with their shardings): floating arrays in ``dtype`` ("float32": a
+    copy; "bfloat16": half the bytes, the KL then measured against the policy rounded to bf16),
+    in the same layout."""
+    target = jnp.dtype(dtype)
+
+    def cast(x):
+        to = target if jnp.issubdtype(x.dtype, jnp.floating) else x.dtype
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, to, sharding=x.sharding)
+        return jnp.copy(x) if x.dtype == to else x.astype(to)
+
+    return jax.tree.map(cast, policy)
+
+
+# ---------------------------------------------------------------------------- tasks
+
+
+def eval_tasks(config: RunConfig) -> dict[str, list[Task]]:
+    """The held-out tasks per evaluation level (``level``, or ``level@split``; default split: the
+    family's tuning split, as its registry entry names it)."""
+    env = config.env
+    split = tasks_lib.eval_split(env.name)
+    return {
+        level: tasks_lib.make_tasks(
+            env.name, *tasks_lib.parse_level(level, split), env.num_eval_tasks, dict(env.kwargs)
+        )
+        for level in env.eval_levels
+    }
+
+
+def train_tasks(config: RunConfig) -> dict[str, list[Task]]:
+    """Train tasks per curriculum level (generated, or found in the cache)."""
+    env = config.env
+    return {
+        level: tasks_lib.make_tasks(env.name, level, "train", env.num_train_tasks, dict(env.kwargs))
+        for level in config.curriculum.levels
+    }
+
+
+def report_levels(config: RunConfig) -> list[str]:
+    """The before/after table's sets, ``level@split`` (none when ``num_report_tasks`` is 0)."""
+    env = config.env
+    return tasks_lib.report_levels(
+        env.name, env.report_levels, env.eval_levels, env.num_report_tasks
+    )
+
+
+def report_tasks(config: RunConfig) -> dict[str, list[Task]]:
+    """The report split's tasks per ``report_levels`` entry."""
+    env = config.env
+    return {
+        key: tasks_lib.make_tasks(
+            env.name, *tasks_lib.parse_level(key, ""), env.num_report_tasks, dict(env.kwargs)
+        )
+        for key in report_levels(config)
+    }
+
+
+# ---------------------------------------------------------------------------- tokenizer
+
+
+class _ExpertTexts:
+    """``play_wave``'s actor for the tokenizer's corpus: the env's expert plays, and each
+    observation (as the agent reads it, with the admissible commands) and command is kept."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def start(self, ep: Episode) -> None:
+        pass
+
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
+        actions: list[str | None] = []
+        for ep in episodes:
+            if not ep.live:
+                actions.append(None)
+                continue
+            self.texts.append(render_observation(ep.obs, first=turn == 0, show_admissible=True))
+            action = ep.info.get("expert_action") or None
+            if action:
+                self.texts.append(action)
+            else:
+                ep.live = False  # no expert here: the episode ends
+            actions.append(action)
+        return actions
+
+    def observe(self, ep: Episode, result) -> None:
+        pass
+
+
+def expert_texts(pool: ActorPool, tasks: list[Task], rollout) -> list[str]:
+    """The tokenizer's corpus: the system prompt, then the observations (as the agent reads
+    them, with the admissible commands) and commands of the expert's episodes on ``tasks``."""
+    texts = [rollout.system_prompt]
+    actor = _ExpertTexts(texts)
+    for start in range(0, len(tasks), pool.capacity):
+        batch = tasks[start : start + pool.capacity]
+        play_wave(pool, [Episode(task=t) for t in batch], rollout.max_turns, actor)
+    return texts
+
+
+def tokenizer(config: RunConfig, workdir: str, corpus: Callable[[], list[str]]):
+    """The run's tokenizer: ``model.tokenizer``'s or the checkpoint's, else the run's own in
+    ``workdir/tokenizer``, built on first use from ``corpus()`` (``model.tokenizer_vocab`` ids).
+
+    Multi-host: process 0 builds it (or finds it) and sends its files to every process, which
+    saves them (atomically: the workdir may be shared) and loads them.
+    """
+    cfg = config.model
+    path = os.path.join(workdir, "tokenizer")
+    if cfg.tokenizer:
+        return load_tokenizer(cfg.tokenizer)
+    if cfg.checkpoint:
+        return load_tokenizer(cfg.checkpoint)
+
+    def make():
+        texts = corpus()
+        logging.info("building the tokenizer from %d texts of the train tasks", len(texts))
+        return build_tokenizer(texts, cfg.tokenizer_vocab, path)
+
+    if jax.process_count() == 1:
+        if os.path.isfile(os.path.join(path, "tokenizer.json")):
+            return load_tokenizer(path)
+        return make()
+
+    def files() -> dict[str, bytes]:
+        if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+            make()
+        return {f.name: f.read_bytes() for f in sorted(pathlib.Path(path).iterdir()) if f.is_file()}
+
+    saved = multihost.broadcast_object(files)
+    if not multihost.is_primary():
+        os.makedirs(path, exist_ok=True)
+        for name, data in saved.items():
+            tmp = os.path.join(path, f".{name}.{jax.process_index()}.tmp")
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, os.path.join(path, name))
+    return load_tokenizer(path)
+
+
+def fingerprint(
+    config: RunConfig, eval_tasks: dict[str, list[Task]], train_tasks: dict[str, list[Task]]
+) -> dict[str, dict[str, str]]:
+    """What every process of a run must agree on: its resolved config, the code, the tasks."""
+    lists = {f"eval {level}": tasks for level, tasks in eval_tasks.items()}
+    lists.update({f"train {level}": tasks for level, tasks in train_tasks.items()})
+    return {
+        "config": {k: repr(v) for k, v in workdir_config.flat_fields(config).items()},
+        "code": multihost.code_fingerprint(),
+        "tasks": multihost.task_fingerprint(lists),
+    }
+
+
+def tokenizer_fingerprint(tok) -> dict[str, str]:
+    """What every process must agree on once the tokenizer is loaded."""
+    return {
+        "vocabulary": multihost.digest(sorted(tok.get_vocab().items())),
+        "special tokens": multihost.digest(tok.all_special_tokens),
+    }
+
+
+def chat_template(config: RunConfig, tok) -> ChatTemplate:
+    """``model.template``; a checkpoint's own is cut into pieces and checked against the
+    tokenizer here, before any model is built (rollout/chat_checkpoint.py)."""
+    template = get_template(
+        config.model.template,
+        tok,
+        directory=config.model.tokenizer or config.model.checkpoint,
+        system_prompt=config.rollout.system_prompt,
+    )
+    logging.info(
+        "chat template: %s%s (stop token %r)",
+        template.name,
+        f" from {template.source}" if template.source else "",
+        template.stop_token,
+    )
+    return template
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def device_mesh(config: RunConfig) -> Mesh | None:
+    """The run's (data, fsdp, tp) mesh (-1: all devices); None for a single device."""
+    return make_mesh(config.mesh) if math.prod(config.mesh) != 1 else None
+
+
+def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> Qwen2ForCausalLM:
+    """The policy, each parameter created in its layout on ``mesh``: the checkpoint's weights,
+    or a fresh model of ``vocab_size`` ids (exactly the tokenizer's: it can never sample an id
+    the tokenizer cannot decode) initialised from the run's seed."""
+    cfg = config.model
+    dtype = DTYPES[cfg.dtype]
+    if cfg.checkpoint:
+        from agentrl_jax.models.hf_checkpoint import load_hf_model
+
+        return load_hf_model(
+            cfg.checkpoint,
+            mesh=mesh,
+            dtype=dtype,
+            remat=cfg.remat,
+            scan_layers=cfg.scan_layers,
+        )
+    model_cfg = model_config(config, vocab_size=vocab_size)
+    # One compiled initialiser, each parameter created in its layout on the mesh.
+    seed = config.seed
+    return create_sharded_model(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(seed)), mesh)
+
+
+def critic(config: RunConfig, policy: Qwen2ForCausalLM) -> Qwen2ValueModel | None:
+    """The value model, its trunk a copy of ``policy``'s (None when the estimator needs none)."""
+    if not config.needs_critic:
+        return None
+    return Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(config.seed + 1))
+
+
+def checkpointer(config: RunConfig, workdir: str) -> Checkpointer:
+    """The run's checkpoints, ``workdir/checkpoints`` (the best by ``eval/success_rate``)."""
+    return Checkpointer(
+        os.path.join(workdir, "checkpoints"),
+        keep_last=config.checkpoint.keep_last,
+        keep_best=config.checkpoint.keep_best,
+        best_metric="eval/success_rate",
+    )
+
+
+# ---------------------------------------------------------------------------- the whole
+
+
+@dataclasses.dataclass
+class Parts:
+    """What playing a run's policy takes, built once (``build``).
+
+    Attributes:
+      config, workdir: the run's.
+      eval_tasks: the held-out tasks per evaluation level (``eval_tasks``).
+      pool: the actor pool of the run's env family.
+      mesh: the learner's mesh (None: one device).
+      multihost: whether the run has more than one process.
+      tokenizer, template: the tokenizer and the chat template.
+      policy: the policy model (fresh, or the checkpoint's weights).
+      local_mesh: multi-host: this process's mesh, where it samples (else None).
+      sampler, worker: the sampler (holding no weights until ``sync_sampler``) and the rollout
+        worker (a ``ShardedRolloutWorker`` multi-host).
+    """
+
+    config: RunConfig
+    workdir: str
+    eval_tasks: dict[str, list[Task]]
+    pool: ActorPool
+    mesh: Mesh | None
+    multihost: bool
+    tokenizer: Any
+    template: ChatTemplate
+    policy: Qwen2ForCausalLM
+    local_mesh: Mesh | None
+    sampler: Sampler
+    worker: RolloutWorker
+
+    @functools.cached_property
+    def train_tasks(self) -> dict[str, list[Task]]:
+        """Train tasks per curriculum level (generated or found in the cache on first use)."""
+        return train_tasks(self.config)
+
+    @functools.cached_property
+    def report_tasks(self) -> dict[str, list[Task]]:
+        """The report split's tasks per ``report_levels`` entry (generated on first use)."""
+        return report_tasks(self.config)
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def build(config: RunConfig, workdir: str) -> Parts:
+    """Builds a run's parts, in the order a run needs them.
+
+    The held-out tasks, the actor pool and the mesh first; multi-host, the processes then check
+    that they agree on config, code and tasks before any other collective (hosts that parsed
+    another config, run other code or list other tasks would otherwise hang in a collective or
+    silently train apart), and on the tokenizer once it is loaded. Then the chat template, the
+    policy, the sampler and the rollout worker.
+
+    Raises:
+      multihost.DisagreementError: the processes disagree.
+    """
+    evals = eval_tasks(config)
+    env = config.env
+    pool = ActorPool(
+        env.name, dict(env.kwargs), num_workers=env.num_workers, envs_per_worker=env.envs_per_worker
+    )
+    try:
+        return _build(config, workdir, evals, pool)
+    except BaseException:
+        pool.close()
+        raise
+
+
+def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
+    mesh = device_mesh(config)
+    is_multihost = jax.process_count() > 1
+    train = functools.cache(lambda: train_tasks(config))  # if a step below needs them
+    if is_multihost:
+        multihost.check_agreement(fingerprint(config, evals, train()))
+    tok = tokenizer(
+        config,
+        workdir,
+        lambda: expert_texts(pool, [t for ts in train().values() for t in ts], config.rollout),
+    )
+    if is_multihost:
+        multihost.check_agreement({"tokenizer": tokenizer_fingerprint(tok)})
+    template = chat_template(config, tok)
+    model = policy(config, len(tok), mesh)
+    # Multi-host: each process samples on its own devices, from a local copy of the policy.
+    local_mesh = multihost.local_mesh(model.cfg) if is_multihost else None
+    sampler = Sampler(
+        model,
+        stop=StopConfig(eos_ids=(template.stop_id(tok),)),
+        pad_id=tok.pad_token_id,
+        mesh=local_mesh if is_multihost else mesh,
+    )
+    worker_cls = multihost.ShardedRolloutWorker if is_multihost else RolloutWorker
+    parts = Parts(
+        config=config,
+        workdir=workdir,
+        eval_tasks=evals,
+        pool=pool,
+        mesh=mesh,
+        multihost=is_multihost,
+        tokenizer=tok,
+        template=template,
+        policy=model,
+        local_mesh=local_mesh,
+        sampler=sampler,
+        worker=worker_cls(pool, sampler, tok, template, config.rollout),
+    )
+    if train.cache_info().currsize:
+        parts.train_tasks = train()  # the cached property's value, made once
+    return parts
