@@ -30,8 +30,8 @@ from absl import app, flags
 
 from agentrl_jax import compile_cache
 from agentrl_jax.envs import registry
-from agentrl_jax.experiments import evaluate as evaluation
-from agentrl_jax.run import logs
+from agentrl_jax.experiments.evaluate import plot_learning_curve
+from agentrl_jax.run import eval_report, evaluation, logs
 from agentrl_jax.run.config import ConfigError, from_config_dict, import_plugins
 from launch import cli
 
@@ -118,11 +118,11 @@ def main(argv):
     finally:
         trainer.close()
     out = os.path.join(workdir, "eval")
-    tags = evaluation.plot_learning_curve(
+    tags = plot_learning_curve(
         os.path.join(workdir, "tensorboard"), os.path.join(out, "learning_curve.png")
     )
     for level, result in results.items():
-        print(f"## {level}\n\n{evaluation.markdown_table(result)}\n")
+        print(f"## {level}\n\n{eval_report.markdown_table(result)}\n")
     for key, value in sorted(metrics.items()):
         print(f"{key}: {value:.3f}")
     print(f"reports: {out}/{name}_*.json and .md (transcripts: {name}_*_transcripts.md)")

@@ -45,7 +45,7 @@ class EnvFamily:
         compute); empty: open-ended (TextWorld's ``custom:R,O,Q``, SWE's repository names).
       task_type: ``"module:attribute"`` of ``task_type(task) -> str`` ("" for none), the
         category a report breaks success down by when the episode's info and the task's params
-        name none (``experiments/evaluate.task_type``).
+        name none (``run/evaluation.task_type``).
       prepare: ``"module:attribute"`` of ``prepare(jobs, progress) -> None`` ("" for none):
         builds the tasks of ``jobs``, ``(level, split, count)`` triples, ahead of a study whose
         cells run in parallel (TextWorld generates its games once, not once per cell).

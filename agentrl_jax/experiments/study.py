@@ -23,7 +23,7 @@ its memory is returned when it ends, and rerunning resumes it from its last chec
 A cell is finished when its ``done`` marker exists, written (atomically) after its
 ``result.json``; a rerun of the study never repeats a finished cell.
 
-Statistics (``experiments/stats.py``): a cell's success rates have 95% Wilson intervals and its RL
+Statistics (``agentrl_jax/stats.py``): a cell's success rates have 95% Wilson intervals and its RL
 gain Newcombe's paired interval (same games); a variant's mean over seeds has a Student t
 interval, and its difference to the reference is paired by seed (the t interval of the per-seed
 differences, over the seeds both ran).
@@ -47,7 +47,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl_jax.experiments import stats as stats_lib
+from agentrl_jax import stats as stats_lib
 from agentrl_jax.rollout.tasks import report_levels
 from agentrl_jax.run.config import load_config_file, missing_key
 
@@ -311,7 +311,8 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
     ``level@split`` keys) the success after SFT and at the end (after RL; after SFT when the cell
     had no RL) with Wilson intervals, the RL gain with its paired interval; and the sampled
     success per RL iteration against episodes."""
-    from agentrl_jax.experiments import evaluate as evaluation  # noqa: PLC0415
+    from agentrl_jax.experiments.evaluate import rl_episode_axis  # noqa: PLC0415
+    from agentrl_jax.run import evaluation  # noqa: PLC0415
     from agentrl_jax.run.tensorboard import read_scalars  # noqa: PLC0415
 
     with open(os.path.join(run_dir, "report.json")) as f:
@@ -340,7 +341,7 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
             "gain": evaluation.paired_gain(b, a).to_json(),
         }
     scalars = read_scalars(os.path.join(run_dir, "tensorboard"))
-    to_episodes, _ = evaluation.rl_episode_axis(scalars)
+    to_episodes, _ = rl_episode_axis(scalars)
     curve = [
         [to_episodes(step), value]
         for step, value in sorted(dict(scalars.get("rollout/success_rate", ())).items())

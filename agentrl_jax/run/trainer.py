@@ -41,7 +41,6 @@ from jax.sharding import Mesh
 from agentrl_jax import chaos, kernels, sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
-from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.rl import envrl_data, rng_streams, sft_data
@@ -53,7 +52,7 @@ from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, rende
 from agentrl_jax.rollout.tasks import eval_split, make_tasks, parse_level, report_levels
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
-from agentrl_jax.run import multihost, paths, workdir_config
+from agentrl_jax.run import eval_report, evaluation, multihost, paths, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.run.config import RunConfig
 from agentrl_jax.run.tensorboard import SummaryWriter
@@ -847,7 +846,7 @@ class Trainer:
                     )
                 result = results[level] = played[ids]
                 if multihost.is_primary():
-                    evaluation.write_report(
+                    eval_report.write_report(
                         result,
                         os.path.join(self.workdir, "eval"),
                         f"{name}_{level.replace('@', '_')}",
@@ -884,7 +883,7 @@ class Trainer:
         rows = self.before_after_results()
         if not rows:
             return "(no before/after table: the run has no evaluation after SFT and after RL)"
-        return evaluation.before_after_table(rows)
+        return eval_report.before_after_table(rows)
 
     def close(self) -> None:
         self.checkpointer.close()
