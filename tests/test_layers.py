@@ -2,9 +2,10 @@
 agentrl_jax is one stage of the data flow, and nothing imports from a layer above its own.
 
     parts        models/ sampling/ kernels/ envs/ swe/ sharding timing chaos stats compile_cache
-    rl, rollout  the learner's math; episodes, waves, task sources, chat templates
-    run          config, the trainer's assembly and phase loop, checkpoints, multi-host, ...
-    experiments  evaluation reports, statistics, studies, the memory plan; benchmarks/ (tooling)
+    rl, rollout  the learner's math; episodes, waves, tasks by family, chat templates
+    run          config, the trainer's assembly and phase loop, held-out evaluation and its
+                 reports, checkpoints, multi-host, ...
+    experiments  learning curves, studies and their tables, the memory plan; benchmarks/ (tooling)
     api          agentrl_jax/__init__.py (lazy re-exports) and the deprecated agentrl_jax.training
     launch/      outside the package: the entry points, cli.py and launchers.py
 
