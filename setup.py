@@ -22,7 +22,7 @@ INSTALL_REQUIRES = [
     "alfworld==0.4.2",
     "matplotlib>=3.8",
     "psutil>=5.9",
-    "scipy>=1.13",  # intervals (experiments/stats.py); jax needs it too
+    "scipy>=1.13",  # intervals (agentrl_jax/stats.py); jax needs it too
     "etils[epath]>=1.7",  # checkpoint and report paths, local or gs:// (orbax uses it too)
 ]
 

@@ -92,6 +92,15 @@ _aliases.install(
     MOVED_TO_LAUNCH, 'launch code lives in launch/; docs/architecture.md, "Layout history"'
 )
 
+# Modules that moved down a layer (issue #33 follow-ups), under their old names for one release,
+# warning the same way: the statistics are pure math, among the parts, which the run's evaluation
+# (run/evaluation.py) and the studies both read.
+MOVED_DOWN = {"agentrl_jax.experiments.stats": "agentrl_jax.stats"}
+_aliases.install(
+    MOVED_DOWN,
+    'the statistics are pure math, among the parts; docs/architecture.md, "Layout history"',
+)
+
 # name -> (module, attribute in it); attribute None: the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     # Training and configuration.
@@ -132,7 +141,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "register_env": ("agentrl_jax.envs.registry", "register"),
     "env_names": ("agentrl_jax.envs.registry", "names"),
     "make_tasks": ("agentrl_jax.rollout.tasks", "make_tasks"),
-    "evaluate": ("agentrl_jax.experiments.evaluate", "evaluate"),
+    "evaluate": ("agentrl_jax.run.evaluation", "evaluate"),
     "read_scalars": ("agentrl_jax.run.tensorboard", "read_scalars"),
     "plot_learning_curve": ("agentrl_jax.experiments.evaluate", "plot_learning_curve"),
 }

@@ -4,7 +4,8 @@
 module ``new`` (the same object: attributes and monkeypatches are shared), and the first import
 of each old name warn with a DeprecationWarning naming the new one, at the importing line.
 Used by the deprecated ``training`` package of this one (the modules it had) and by
-``agentrl_jax/__init__.py`` (the launch code that moved to ``launch/``).
+``agentrl_jax/__init__.py`` (the launch code that moved to ``launch/``, and modules that moved
+down a layer: ``agentrl_jax.experiments.stats``).
 
 The aliases are made by an import hook, not by a file per old name: a file left at a moved
 file's path would stop git from following the move when merging edits made to the old path.

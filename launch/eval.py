@@ -31,8 +31,8 @@ from absl import app, flags, logging
 
 from agentrl_jax import compile_cache
 from agentrl_jax.envs import registry
-from agentrl_jax.experiments import evaluate as evaluation
-from agentrl_jax.run import logs, paths
+from agentrl_jax.experiments.evaluate import plot_learning_curve
+from agentrl_jax.run import eval_report, evaluation, logs, paths
 from agentrl_jax.run.config import ConfigError, from_config_dict, import_plugins
 from launch import cli
 
@@ -89,7 +89,7 @@ def _evaluate(
                     transcripts=config.env.num_transcripts,
                 )
                 if multihost.is_primary():
-                    evaluation.write_report(
+                    eval_report.write_report(
                         result,
                         os.path.join(parts.workdir, "eval"),
                         f"{name}_{level.replace('@', '_')}",
@@ -186,11 +186,11 @@ def main(argv):
     name = f"eval_{split or 'heldout'}" + (f"_{_DECODING.value}" if _DECODING.value else "")
     metrics, results = _evaluate_latest(config, workdir, name)
     out = os.path.join(workdir, "eval")
-    tags = evaluation.plot_learning_curve(
+    tags = plot_learning_curve(
         os.path.join(workdir, "tensorboard"), os.path.join(out, "learning_curve.png")
     )
     for level, result in results.items():
-        print(f"## {level}\n\n{evaluation.markdown_table(result)}\n")
+        print(f"## {level}\n\n{eval_report.markdown_table(result)}\n")
     for key, value in sorted(metrics.items()):
         print(f"{key}: {value:.3f}")
     print(f"reports: {out}/{name}_*.json and .md (transcripts: {name}_*_transcripts.md)")

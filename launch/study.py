@@ -16,8 +16,8 @@ cell continues from its last checkpoint. Writes ``WORKDIR/results.json``, ``resu
 - ``--variants=grpo,ppo`` runs only those variants' cells (the results cover every finished cell,
   so a study can be run a few variants at a time into one workdir).
 
-The study file format: ``agentrl_jax/experiments/study.py``. Each cell's console output is its
-``train.log`` (its library logs: ``run/logs/train.log``); the study's own library logs go to
+The study file format: ``agentrl_jax/experiments/study_spec.py``. Each cell's console output is
+its ``train.log`` (its library logs: ``run/logs/train.log``); the study's own library logs go to
 ``WORKDIR/logs/study.log``.
 """
 

@@ -46,8 +46,7 @@ from etils import epath
 from ml_collections import config_flags
 
 from agentrl_jax import compile_cache
-from agentrl_jax.experiments import evaluate as evaluation
-from agentrl_jax.run import logs, paths, workdir_config
+from agentrl_jax.run import eval_report, logs, paths, workdir_config
 from agentrl_jax.run.checkpoint import CheckpointWriteError
 from agentrl_jax.run.config import ConfigError, from_config_dict
 from agentrl_jax.sharding import maybe_initialize_distributed
@@ -126,7 +125,7 @@ def main(argv):
     try:
         evals = trainer.run()
         table = trainer.before_after()
-        rows = evaluation.before_after_rows(trainer.before_after_results())
+        rows = eval_report.before_after_rows(trainer.before_after_results())
     except CheckpointWriteError as e:
         logging.error("%s", e)
         print(f"checkpoint error: {e}", file=sys.stderr)

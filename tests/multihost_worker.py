@@ -131,8 +131,8 @@ def play() -> None:
     process must play its even share of each, and the gathered result must be one process's."""
     import tempfile
 
-    from agentrl_jax.experiments import evaluate
     from agentrl_jax.rollout.rollout import RolloutWorker
+    from agentrl_jax.run import evaluation
 
     parts = worker_parts(tempfile.mkdtemp(), capacity=8)
     pool = parts[0]
@@ -151,7 +151,7 @@ def play() -> None:
         results[name] = worker.run(**kwargs)
         print(f"played {name} {pool.played - before}", flush=True)
     before = pool.played
-    results["evaluation"] = evaluate.evaluate(worker, tasks[:9], jax.random.key(0))
+    results["evaluation"] = evaluation.evaluate(worker, tasks[:9], jax.random.key(0))
     print(f"played evaluation {pool.played - before}", flush=True)
 
     if jax.process_index() == 0:
@@ -160,7 +160,7 @@ def play() -> None:
         for name, kwargs in calls.items():
             want, got = played(one.run(**kwargs)), played(results[name])
             assert want == got, (name, want, got)
-        want = evaluate.evaluate(one, tasks[:9], jax.random.key(0)).to_json()
+        want = evaluation.evaluate(one, tasks[:9], jax.random.key(0)).to_json()
         assert want == results["evaluation"].to_json(), (want, results["evaluation"].to_json())
         print("same as one process", flush=True)
 

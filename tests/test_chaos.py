@@ -19,7 +19,6 @@ from train_cli import tiny_config
 
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
-from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.models import Qwen2ForCausalLM
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rl import rl_batch
@@ -27,6 +26,7 @@ from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.rollout import RolloutWorker
+from agentrl_jax.run import eval_report, evaluation
 from agentrl_jax.run.build import model_config, rl_learner, rl_sampling
 from agentrl_jax.run.config import from_config_dict
 from agentrl_jax.run.trainer import Trainer
@@ -216,12 +216,12 @@ def test_an_rl_iteration_survives_worker_kills_hangs_and_env_exceptions(
     run.pool.armed = False
     run._sync_sampler()  # the update donated the state the sampler held
     after = report()
-    (row,) = evaluation.before_after_rows([("chaos", before, after)])
+    (row,) = eval_report.before_after_rows([("chaos", before, after)])
     assert row["infra_failures"] == {"after_sft": 2, "after_rl": 2}
     assert row["after_sft"]["n"] == row["after_rl"]["n"] == 6  # the calm games' episodes
-    header, _, line, *_ = evaluation.before_after_table([("chaos", before, after)]).splitlines()
+    header, _, line, *_ = eval_report.before_after_table([("chaos", before, after)]).splitlines()
     assert header.endswith("| infra failures |")
     assert line.startswith("| chaos | 6 |") and line.endswith("| 2 / 2 |")
-    json_path, _ = evaluation.write_report(after, tmp_path, "after_rl_chaos")
+    json_path, _ = eval_report.write_report(after, tmp_path, "after_rl_chaos")
     overall = json.loads(pathlib.Path(json_path).read_text())["overall"]
     assert (overall["episodes"], overall["infra_failures"]) == (6, 2)

@@ -10,25 +10,26 @@ import jax
 import pytest
 from multihost_worker import tiny_sampler
 
+from agentrl_jax import stats as stats_lib
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.experiments import stats as stats_lib
-from agentrl_jax.experiments.evaluate import (
-    EvalResult,
+from agentrl_jax.experiments.evaluate import plot_learning_curve, rl_episode_axis
+from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker
+from agentrl_jax.rollout.trajectory import Step, Trajectory
+from agentrl_jax.run.eval_report import (
     before_after_rows,
     before_after_table,
-    evaluate,
     markdown_table,
+    write_report,
+)
+from agentrl_jax.run.evaluation import (
+    EvalResult,
+    evaluate,
     paired_gain,
-    plot_learning_curve,
-    rl_episode_axis,
     summarize,
     task_type,
     transcript,
-    write_report,
 )
-from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker
-from agentrl_jax.rollout.trajectory import Step, Trajectory
 from agentrl_jax.run.tensorboard import SummaryWriter, read_scalars
 
 ALF_ID = "pick_two_obj_and_place-Pen-None-Desk-310/trial_T20190908_174617_548640"

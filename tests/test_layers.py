@@ -1,10 +1,11 @@
 """The house's layers (issue #33, docs/architecture.md "Where each piece lives"): each folder of
 agentrl_jax is one stage of the data flow, and nothing imports from a layer above its own.
 
-    parts        models/ sampling/ kernels/ envs/ swe/ sharding timing chaos compile_cache
-    rl, rollout  the learner's math; episodes, waves, task sources, chat templates
-    run          config, the trainer's assembly and phase loop, checkpoints, multi-host, ...
-    experiments  evaluation reports, statistics, studies, the memory plan; benchmarks/ (tooling)
+    parts        models/ sampling/ kernels/ envs/ swe/ sharding timing chaos stats compile_cache
+    rl, rollout  the learner's math; episodes, waves, tasks by family, chat templates
+    run          config, the trainer's assembly and phase loop, held-out evaluation and its
+                 reports, checkpoints, multi-host, ...
+    experiments  learning curves, studies and their tables, the memory plan; benchmarks/ (tooling)
     api          agentrl_jax/__init__.py (lazy re-exports) and the deprecated agentrl_jax.training
     launch/      outside the package: the entry points, cli.py and launchers.py
 
@@ -43,6 +44,7 @@ LAYER_OF = {
             "sharding",
             "timing",
             "chaos",
+            "stats",
             "compile_cache",
         ),
         "parts",
@@ -65,10 +67,6 @@ KNOWN_VIOLATIONS = {
     # The RL update reads the whole RunConfig: "settings are resolved once" (STYLE.md) wants an
     # RL spec resolved from it at the boundary (run/), which rl/ takes instead.
     "agentrl_jax.rl.rl_update -> agentrl_jax.run.config",
-    # The trainer's own evaluations (evaluate(), EvalResult, write_report, the before/after
-    # table) live in experiments/evaluate.py beside the plots and the studies' tables; the
-    # run's part (and the statistics it needs) should come down to run/.
-    "agentrl_jax.run.trainer -> agentrl_jax.experiments.evaluate",
 }
 
 # Import cycles between modules (strongly connected components), as they stand: none left.
@@ -310,3 +308,31 @@ def test_the_launch_codes_old_names_import_the_moved_modules_and_warn_once():
     )
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
     assert not (PACKAGE / "launchers.py").exists() and not (PACKAGE / "run" / "cli.py").exists()
+
+
+def test_modules_moved_down_import_under_their_old_names_and_warn_once():
+    """``agentrl_jax.experiments.stats`` moved down to the parts (``agentrl_jax.stats``: the run's
+    evaluation reads it); the old name imports as the new module, warning once."""
+    code = textwrap.dedent(
+        """
+        import warnings
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            from agentrl_jax.experiments import stats
+            import agentrl_jax.experiments.stats
+            from agentrl_jax.experiments.stats import wilson_interval
+        import agentrl_jax.stats as new
+        assert stats is new and agentrl_jax.experiments.stats is new
+        assert wilson_interval is new.wilson_interval
+        messages = [str(w.message) for w in caught]
+        assert [m.split(" ")[0] for m in messages] == ["agentrl_jax.experiments.stats"], messages
+        assert "import agentrl_jax.stats" in messages[0]
+        assert all(w.category is DeprecationWarning and w.filename == "<string>" for w in caught)
+        print("ok")
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+    assert not (PACKAGE / "experiments" / "stats.py").exists()

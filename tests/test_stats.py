@@ -5,7 +5,7 @@ import math
 import pytest
 from scipy.stats import binomtest
 
-from agentrl_jax.experiments import stats
+from agentrl_jax import stats
 
 # Newcombe (1998), Statistics in Medicine 17:857, Table II, method 3 (Wilson score, no
 # continuity correction), to the 4 decimals printed there.

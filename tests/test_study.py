@@ -187,8 +187,8 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
 def _fake_cells(tmp_path, monkeypatch, fail_variant=None):
     """Cells that "train" in a blink: each copies a prepared report.json into its run folder
     (rloo: 3 of 4 games won after RL, grpo: 2 of 4) and logs that it ran."""
-    from agentrl_jax.experiments.evaluate import summarize
     from agentrl_jax.rollout.trajectory import Trajectory
+    from agentrl_jax.run.evaluation import summarize
 
     def report(wins):
         trajs = [

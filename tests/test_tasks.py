@@ -58,3 +58,19 @@ def test_level_may_name_its_split():
 def test_unknown_env_lists_the_valid_ones():
     with pytest.raises(ValueError, match="valid names: alfworld, .*swe, .*textworld"):
         make_tasks("nethack", "all", "train", 1)
+
+
+def test_the_built_in_families_task_sources_live_beside_their_envs():
+    """The registry names the built-in task sources and hooks by object, from envs/ and swe/
+    (not by a string up into rollout/); rollout.tasks keeps their names."""
+    from agentrl_jax.envs import alfworld_data, games, registry
+    from agentrl_jax.rollout import tasks
+    from agentrl_jax.swe import tasks as swe_tasks
+
+    for name, module in (("textworld", games), ("alfworld", alfworld_data), ("swe", swe_tasks)):
+        family = registry.family(name)
+        for field in ("make_tasks", "task_type", "prepare"):
+            path = getattr(family, field)
+            assert not path or path.partition(":")[0] == module.__name__, (name, field, path)
+            if path:
+                assert family.hook(field) is getattr(tasks, path.partition(":")[2])

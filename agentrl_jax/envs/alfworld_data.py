@@ -26,6 +26,8 @@ import tarfile
 import tempfile
 from typing import Any
 
+from agentrl_jax.envs.base import Task
+
 JSON_DIR = "json_2.1.1"
 TARBALL_NAME = "alfworld_problems.tar.xz"
 SPLITS = ("train", "valid_seen", "valid_unseen")
@@ -190,6 +192,22 @@ def task_type_of(task_id: str) -> str:
             f"task id {task_id!r} does not start with a task type; expected one of {TASK_TYPES}"
         )
     return prefix
+
+
+# The ALFWorld family's task source and hook, registered in envs/registry.py.
+
+
+def alfworld_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
+    """ALFWorld: the first ``count`` games of task type ``level`` (``all``: every type)."""
+    root = resolve_data_dir(env_kwargs.get("data_dir"))
+    types = None if level == "all" else (level,)
+    ids = list_task_ids(root, split, types)
+    return [Task(env="alfworld", split=split, id=i) for i in ids[:count]]
+
+
+def alfworld_task_type(task: Task) -> str:
+    """The ALFWorld task type encoded in the task id."""
+    return task_type_of(task.id)
 
 
 def task_dir(root: pathlib.Path, split: str, task_id: str) -> pathlib.Path:

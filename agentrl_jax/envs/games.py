@@ -350,3 +350,30 @@ def task_game_path(task: Task) -> str:
 def list_specs() -> Sequence[str]:
     """Example spec strings, for help texts."""
     return (*PRESETS, "custom:R,O,Q", *(f"{c}:..." for c in CHALLENGES))
+
+
+# The TextWorld family's task source and hooks, registered in envs/registry.py (textworld itself
+# is imported only when a game is made).
+
+
+def textworld_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
+    """TextWorld: ``count`` games of the spec ``level`` (made on first use, then cached)."""
+    del env_kwargs
+    return make_tasks(level, split, count)
+
+
+def textworld_prepare(jobs, progress: bool = True) -> None:
+    """Generates the games of ``jobs`` (``(level, split, count)``) once, in parallel."""
+    generate([(level, split, i) for level, split, n in jobs for i in range(n)], progress=progress)
+
+
+def textworld_task_type(task: Task) -> str:
+    """A TextWorld game's preset name (``custom-r2-o3-q2`` -> ``simple``), else its spec's name
+    ("" for a task without a spec)."""
+    spec = str(task.param("spec") or "")
+    if not spec:
+        return ""
+    for level in PRESETS:
+        if parse_spec(level).name == spec:
+            return level
+    return spec

@@ -21,7 +21,9 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
+from agentrl_jax.envs import alfworld_data, games
 from agentrl_jax.envs.base import Env
+from agentrl_jax.swe import tasks as swe_tasks
 
 TRAIN_SPLIT = "train"  # the split every family trains on (demonstrations, RL)
 
@@ -45,7 +47,7 @@ class EnvFamily:
         compute); empty: open-ended (TextWorld's ``custom:R,O,Q``, SWE's repository names).
       task_type: ``"module:attribute"`` of ``task_type(task) -> str`` ("" for none), the
         category a report breaks success down by when the episode's info and the task's params
-        name none (``experiments/evaluate.task_type``).
+        name none (``run/evaluation.task_type``).
       prepare: ``"module:attribute"`` of ``prepare(jobs, progress) -> None`` ("" for none):
         builds the tasks of ``jobs``, ``(level, split, count)`` triples, ahead of a study whose
         cells run in parallel (TextWorld generates its games once, not once per cell).
@@ -252,32 +254,32 @@ def _import_path(factory: Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
-# The built-in families, registered like a user's. Their task sources and hooks live in
-# rollout/tasks.py (ALFWorld's and SWE's import their data only when called).
-_TASKS = "agentrl_jax.rollout.tasks"
+# The built-in families, registered like a user's. Their task sources and hooks live beside
+# their envs, in light modules (textworld itself, ALFWorld's data and SWE's tasks are read only
+# when called); the envs, which import heavy packages, are named by path.
 register(
     "textworld",
     "agentrl_jax.envs.textworld_env:TextWorldEnv",
-    make_tasks=f"{_TASKS}:textworld_tasks",
+    make_tasks=games.textworld_tasks,
     splits=(TRAIN_SPLIT, "valid", "test"),
     eval_split="valid",
     report_split="test",
-    task_type=f"{_TASKS}:textworld_task_type",
-    prepare=f"{_TASKS}:textworld_prepare",
+    task_type=games.textworld_task_type,
+    prepare=games.textworld_prepare,
 )
 register(
     "alfworld",
     "agentrl_jax.envs.alfworld_env:ALFWorldEnv",
-    make_tasks=f"{_TASKS}:alfworld_tasks",
+    make_tasks=alfworld_data.alfworld_tasks,
     splits=(TRAIN_SPLIT, "valid_seen", "valid_unseen"),
     eval_split="valid_unseen",
     report_split="valid_unseen",  # no third split: the report reads the evaluations' split
-    task_type=f"{_TASKS}:alfworld_task_type",
+    task_type=alfworld_data.alfworld_task_type,
 )
 register(
     "swe",
     "agentrl_jax.swe.env:SweEnv.from_jsonl",
-    make_tasks=f"{_TASKS}:swe_tasks",
+    make_tasks=swe_tasks.swe_tasks,
     splits=(TRAIN_SPLIT, "eval"),
     eval_split="eval",
     report_split="eval",

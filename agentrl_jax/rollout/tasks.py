@@ -15,7 +15,9 @@ splits are those ``launch.eval --split`` accepts.
 
 Every family, built-in or a user's, registers its task source with the env registry
 (``register_env(name, factory, make_tasks=..., splits=..., eval_split=..., report_split=...)``);
-:func:`make_tasks` asks the registry. The built-in families' sources are the functions below.
+:func:`make_tasks` asks the registry. The built-in families' sources live beside their envs
+(TextWorld's in ``envs/games.py``, ALFWorld's in ``envs/alfworld_data.py``, SWE's in
+``swe/tasks.py``) and are re-exported here under their names.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl_jax.envs import registry
+from agentrl_jax.envs.alfworld_data import alfworld_task_type, alfworld_tasks
 from agentrl_jax.envs.base import Task
+from agentrl_jax.envs.games import textworld_prepare, textworld_task_type, textworld_tasks
+from agentrl_jax.swe.tasks import swe_tasks
 
 
 def make_tasks(
@@ -43,71 +48,6 @@ def eval_split(env: str) -> str:
     return registry.family(env).eval_split
 
 
-def textworld_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
-    """TextWorld: ``count`` games of the spec ``level`` (made on first use, then cached)."""
-    del env_kwargs
-    from agentrl_jax.envs import games
-
-    return games.make_tasks(level, split, count)
-
-
-def textworld_prepare(jobs, progress: bool = True) -> None:
-    """Generates the games of ``jobs`` (``(level, split, count)``) once, in parallel."""
-    from agentrl_jax.envs import games
-
-    games.generate(
-        [(level, split, i) for level, split, n in jobs for i in range(n)], progress=progress
-    )
-
-
-def textworld_task_type(task: Task) -> str:
-    """A TextWorld game's preset name (``custom-r2-o3-q2`` -> ``simple``), else its spec's name
-    ("" for a task without a spec)."""
-    spec = str(task.param("spec") or "")
-    if not spec:
-        return ""
-    from agentrl_jax.envs import games  # light; textworld itself stays unloaded.
-
-    for level in games.PRESETS:
-        if games.parse_spec(level).name == spec:
-            return level
-    return spec
-
-
-def alfworld_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
-    """ALFWorld: the first ``count`` games of task type ``level`` (``all``: every type)."""
-    from agentrl_jax.envs import alfworld_data
-
-    root = alfworld_data.resolve_data_dir(env_kwargs.get("data_dir"))
-    types = None if level == "all" else (level,)
-    ids = alfworld_data.list_task_ids(root, split, types)
-    return [Task(env="alfworld", split=split, id=i) for i in ids[:count]]
-
-
-def alfworld_task_type(task: Task) -> str:
-    """The ALFWorld task type encoded in the task id."""
-    from agentrl_jax.envs.alfworld_data import task_type_of  # optional env's data helpers.
-
-    return task_type_of(task.id)
-
-
-def swe_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
-    """SWE: a fixed fifth of the JSONL's instances (by a hash of the instance id) is ``eval``,
-    the rest ``train``; ``level`` is ``all`` or a repository name."""
-    from agentrl_jax.envs.base import stable_key
-    from agentrl_jax.swe.tasks import load_jsonl
-
-    path = env_kwargs.get("path")
-    if not path:
-        raise ValueError(
-            "config.env.kwargs.path is missing: the SWE env needs the tasks.jsonl written "
-            "by `python -m launch.make_swe_tasks` (or a SWE-Gym JSONL)"
-        )
-    records = [t for t in load_jsonl(path) if level in ("all", t.repo)]
-    chosen = [t for t in records if (stable_key(t.instance_id) % 5 == 0) == (split == "eval")]
-    return [Task(env="swe", split=split, id=t.instance_id) for t in chosen[:count]]
-
-
 def report_levels(
     env_name: str, levels: tuple[str, ...], eval_levels: tuple[str, ...], count: int
 ) -> list[str]:
@@ -125,3 +65,17 @@ def parse_level(level: str, default_split: str) -> tuple[str, str]:
     """``'all@valid_seen'`` -> ('all', 'valid_seen'); a bare level gets ``default_split``."""
     name, _, split = level.partition("@")
     return name, split or default_split
+
+
+__all__ = [
+    "alfworld_task_type",
+    "alfworld_tasks",
+    "eval_split",
+    "make_tasks",
+    "parse_level",
+    "report_levels",
+    "swe_tasks",
+    "textworld_prepare",
+    "textworld_task_type",
+    "textworld_tasks",
+]

@@ -38,14 +38,13 @@ from flax import nnx
 
 from agentrl_jax import chaos, timing
 from agentrl_jax.envs.base import Task
-from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.rl import envrl_data, rng_streams, sft_data
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
-from agentrl_jax.run import build, multihost, paths
+from agentrl_jax.run import build, eval_report, evaluation, multihost, paths
 
 # The builders moved to run/build.py (issue #33); these stay importable from here for a release.
 from agentrl_jax.run.build import (  # noqa: F401
@@ -524,7 +523,7 @@ class Trainer:
                     )
                 result = results[level] = played[ids]
                 if multihost.is_primary():
-                    evaluation.write_report(
+                    eval_report.write_report(
                         result,
                         os.path.join(self.workdir, "eval"),
                         f"{name}_{level.replace('@', '_')}",
@@ -561,7 +560,7 @@ class Trainer:
         rows = self.before_after_results()
         if not rows:
             return "(no before/after table: the run has no evaluation after SFT and after RL)"
-        return evaluation.before_after_table(rows)
+        return eval_report.before_after_table(rows)
 
     def close(self) -> None:
         self.checkpointer.close()

@@ -22,6 +22,8 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from agentrl_jax.envs.base import Task, stable_key
+
 REQUIRED = (
     "instance_id",
     "repo",
@@ -200,3 +202,18 @@ def write_jsonl(path: str, tasks: Iterable[SweTask], base_dir: str | None = None
                 rec["repo_path"] = os.path.relpath(t.repo_path, base_dir)
             f.write(json.dumps(rec, sort_keys=True) + "\n")
     os.replace(tmp, path)
+
+
+def swe_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
+    """The SWE family's task source (registered in envs/registry.py): a fixed fifth of the
+    JSONL's instances (by a hash of the instance id) is ``eval``, the rest ``train``; ``level``
+    is ``all`` or a repository name."""
+    path = env_kwargs.get("path")
+    if not path:
+        raise ValueError(
+            "config.env.kwargs.path is missing: the SWE env needs the tasks.jsonl written "
+            "by `python -m launch.make_swe_tasks` (or a SWE-Gym JSONL)"
+        )
+    records = [t for t in load_jsonl(path) if level in ("all", t.repo)]
+    chosen = [t for t in records if (stable_key(t.instance_id) % 5 == 0) == (split == "eval")]
+    return [Task(env="swe", split=split, id=t.instance_id) for t in chosen[:count]]

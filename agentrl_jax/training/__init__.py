@@ -17,8 +17,8 @@ from agentrl_jax import _aliases
 
 
 # Old module name -> its new module (agentrl_jax.training.X -> agentrl_jax.<package>.X, or the
-# module it moved to after the split: chaos went down to the parts, cli out to launch/; issue #33
-# follow-ups).
+# module it moved to after the split: chaos and stats went down to the parts, cli out to launch/;
+# issue #33 follow-ups).
 def _into(package: str, names: tuple[str, ...]) -> dict[str, str]:
     return {name: f"{package}.{name}" for name in names}
 
@@ -48,8 +48,9 @@ MOVED = {
             "workdir_config",
         ),
     ),
-    **_into("agentrl_jax.experiments", ("evaluate", "plan", "stats", "study")),
+    **_into("agentrl_jax.experiments", ("evaluate", "plan", "study")),
     "chaos": "agentrl_jax.chaos",
+    "stats": "agentrl_jax.stats",
     "cli": "launch.cli",
 }
 
