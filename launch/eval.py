@@ -69,38 +69,22 @@ def _evaluate(
     from agentrl_jax.run.watchdog import Watchdog
 
     config = parts.config
-    sets = parts.eval_tasks
-    logging.info(
-        "evaluation %s: %s",
-        name,
-        ", ".join(f"{level} ({len(tasks)} games)" for level, tasks in sets.items()),
-    )
-    metrics, results = {}, {}
+    sets = [("eval", level, tasks) for level, tasks in parts.eval_tasks.items()]
     with Watchdog(config.watchdog_s).guard(f"evaluation {name}"):
         build.sync_sampler(parts.sampler, policy, parts.policy.cfg.dtype, parts.local_mesh)
         try:
-            for level, tasks in sets.items():
-                result = results[level] = evaluation.evaluate(
-                    parts.worker,
-                    tasks,
-                    jax.random.key(0),
-                    greedy=True,
-                    seed=config.seed,
-                    transcripts=config.env.num_transcripts,
-                )
-                if multihost.is_primary():
-                    eval_report.write_report(
-                        result,
-                        os.path.join(parts.workdir, "eval"),
-                        f"{name}_{level.replace('@', '_')}",
-                    )
-                overall = result.overall
-                metrics[f"eval/{level}/success_rate"] = overall.success_rate
-                metrics[f"eval/{level}/mean_steps"] = overall.mean_steps
-                metrics[f"eval/{level}/mean_return"] = overall.mean_return
+            metrics, results = eval_report.evaluate_sets(
+                parts.worker,
+                sets,
+                name=name,
+                out_dir=os.path.join(parts.workdir, "eval"),
+                seed=config.seed,
+                transcripts=config.env.num_transcripts,
+                write=multihost.is_primary(),
+            )
         finally:
             parts.sampler.release()
-    metrics["eval/success_rate"] = metrics[f"eval/{next(iter(sets))}/success_rate"]
+    metrics["eval/success_rate"] = metrics[f"eval/{next(iter(parts.eval_tasks))}/success_rate"]
     return metrics, results
 
 

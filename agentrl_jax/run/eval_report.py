@@ -5,7 +5,8 @@ before/after table (success after SFT alone and after RL, with RL's paired gain)
     print(before_after_table([("simple (training complexity)", sft_simple, rl_simple),
                               ("medium (next harder)", sft_medium, rl_medium)]))
 
-The results themselves, and how they are measured: ``run/evaluation.py``.
+``evaluate_sets`` plays a run's evaluation and writes its reports. The results themselves, and
+how they are measured: ``run/evaluation.py``.
 """
 
 from __future__ import annotations
@@ -17,8 +18,60 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+from absl import logging
+
 from agentrl_jax import stats as stats_lib
-from agentrl_jax.run.evaluation import EvalResult, Stats, paired_gain
+from agentrl_jax.envs.base import Task
+from agentrl_jax.rollout.rollout import RolloutWorker
+from agentrl_jax.run.evaluation import EvalResult, Stats, evaluate, paired_gain
+
+
+def evaluate_sets(
+    worker: RolloutWorker,
+    sets: Sequence[tuple[str, str, Sequence[Task]]],
+    *,
+    name: str,
+    out_dir: str | os.PathLike,
+    seed: int,
+    transcripts: int,
+    write: bool = True,
+) -> tuple[dict[str, float], dict[str, EvalResult]]:
+    """A run's evaluation ``name``: one greedy episode per task of each ``(prefix, level,
+    tasks)`` set, with the policy the worker's sampler holds (the trainer's evaluations and
+    ``launch.eval`` both play them so).
+
+    Writes a report per set under ``out_dir`` (``<name>_<level>``, ``@`` as ``_``; when
+    ``write``: the primary process) and returns the metrics ``<prefix>/<level>/{success_rate,
+    mean_steps, mean_return}`` and the results by level. A set equal to one already played is
+    not played again.
+    """
+    logging.info(
+        "evaluation %s: %s",
+        name,
+        ", ".join(f"{level} ({len(tasks)} games)" for _, level, tasks in sets),
+    )
+    metrics, results, played = {}, {}, {}
+    for prefix, level, tasks in sets:
+        ids = tuple((t.split, t.id) for t in tasks)
+        if ids not in played:
+            played[ids] = evaluate(
+                worker, tasks, jax.random.key(0), greedy=True, seed=seed, transcripts=transcripts
+            )
+        result = results[level] = played[ids]
+        if write:
+            write_report(result, out_dir, f"{name}_{level.replace('@', '_')}")
+        overall = result.overall
+        metrics[f"{prefix}/{level}/success_rate"] = overall.success_rate
+        metrics[f"{prefix}/{level}/mean_steps"] = overall.mean_steps
+        metrics[f"{prefix}/{level}/mean_return"] = overall.mean_return
+    summary = [
+        f"{level} success {r.success_rate:.2f} ({r.overall.wins}/{r.overall.episodes}, "
+        f"{r.overall.mean_steps:.1f} steps, {r.overall.infra_failures} infra failures)"
+        for level, r in results.items()
+    ]
+    logging.info("evaluation %s done: %s", name, "; ".join(summary))
+    return metrics, results
 
 
 def write_report(result: EvalResult, out_dir: str | os.PathLike, name: str) -> tuple[str, str]:

@@ -503,43 +503,18 @@ class Trainer:
         sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
         if report:
             sets += [("report", key, tasks) for key, tasks in self.report_tasks.items()]
-        logging.info(
-            "evaluation %s: %s",
-            name,
-            ", ".join(f"{level} ({len(tasks)} games)" for _, level, tasks in sets),
-        )
-        out, results, played = {}, {}, {}
         with self.policy_in_sampler():  # the next rollout or evaluation syncs a fresh copy
-            for prefix, level, tasks in sets:
-                ids = tuple((t.split, t.id) for t in tasks)
-                if ids not in played:
-                    played[ids] = evaluation.evaluate(
-                        self.worker,
-                        tasks,
-                        jax.random.key(0),
-                        greedy=True,
-                        seed=self.config.seed,
-                        transcripts=self.config.env.num_transcripts,
-                    )
-                result = results[level] = played[ids]
-                if multihost.is_primary():
-                    eval_report.write_report(
-                        result,
-                        os.path.join(self.workdir, "eval"),
-                        f"{name}_{level.replace('@', '_')}",
-                    )
-                overall = result.overall
-                out[f"{prefix}/{level}/success_rate"] = overall.success_rate
-                out[f"{prefix}/{level}/mean_steps"] = overall.mean_steps
-                out[f"{prefix}/{level}/mean_return"] = overall.mean_return
+            out, results = eval_report.evaluate_sets(
+                self.worker,
+                sets,
+                name=name,
+                out_dir=os.path.join(self.workdir, "eval"),
+                seed=self.config.seed,
+                transcripts=self.config.env.num_transcripts,
+                write=multihost.is_primary(),
+            )
         out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.run_state.evals[name] = {level: r.to_json() for level, r in results.items()}
-        summary = [
-            f"{level} success {r.success_rate:.2f} ({r.overall.wins}/{r.overall.episodes}, "
-            f"{r.overall.mean_steps:.1f} steps, {r.overall.infra_failures} infra failures)"
-            for level, r in results.items()
-        ]
-        logging.info("evaluation %s done: %s", name, "; ".join(summary))
         return out
 
     def before_after_results(
