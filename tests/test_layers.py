@@ -62,9 +62,6 @@ LEVEL = {"parts": 0, "rl": 1, "rollout": 1, "run": 2, "experiments": 3, "api": 4
 
 # Imports from a layer above the importer's, as they stand after the move (issue #33 follow-ups).
 KNOWN_VIOLATIONS = {
-    # The RL update reads the whole RunConfig: "settings are resolved once" (STYLE.md) wants an
-    # RL spec resolved from it at the boundary (run/), which rl/ takes instead.
-    "agentrl_jax.rl.rl_update -> agentrl_jax.run.config",
     # The trainer's own evaluations (evaluate(), EvalResult, write_report, the before/after
     # table) live in experiments/evaluate.py beside the plots and the studies' tables; the
     # run's part (and the statistics it needs) should come down to run/.

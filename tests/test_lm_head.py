@@ -243,9 +243,9 @@ def test_learner_losses_and_gradients_match_the_full_logits_learner(tied, temper
 
     def grads(learner, name):
         if name == "sft":
-            fn = lambda p, b: learner._sft_loss(p, b)  # noqa: E731
+            fn = lambda p, b: learner.sft_loss(p, b)  # noqa: E731
         else:
-            fn = lambda p, b: learner._rl_loss((p, None), b)  # noqa: E731
+            fn = lambda p, b: learner.rl_loss((p, None), b)  # noqa: E731
         return jax.jit(jax.value_and_grad(fn, has_aux=True))(params, rl)
 
     for name in ("sft", "rl"):

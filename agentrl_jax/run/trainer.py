@@ -38,14 +38,14 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax import chaos, kernels, sharding, timing
+from agentrl_jax import chaos, sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.experiments import evaluate as evaluation
 from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.rl import envrl_data, rng_streams, sft_data
-from agentrl_jax.rl.learner import Learner, LossWeights
+from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.curriculum import Curriculum
@@ -158,37 +158,25 @@ REFERENCE = "reference"
 
 
 def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
-    """The RL Learner of a run: Adam for actor and critic, the configured losses and weights.
+    """The RL Learner of a run: Adam for actor and critic, the losses and weights of the run's
+    RL spec (``config.rl_spec``, resolved here once; the Learner keeps it as ``learner.spec``,
+    which ``RLUpdate`` and the trainer's reference read).
 
     ``num_iterations``: the run's RL iterations, the ENVRL weights' horizon when
     ``envrl.horizon`` is 0 (the schedule then steps by RL-phase progress, see ``RLUpdate``).
     """
-    rl = config.rl
-    actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
-    critic_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr))
-    envrl = None
-    if config.envrl.enabled:
-        envrl = kernels.EnvrlConfig(
-            sp_weight=config.envrl.sp_weight,
-            id_weight=config.envrl.id_weight,
-            horizon=config.envrl.horizon or num_iterations,
-        )
+    spec = config.rl_spec(num_iterations)
+    max_norm = spec.max_grad_norm
+    actor_tx = optax.chain(optax.clip_by_global_norm(max_norm), optax.adam(spec.actor_lr))
+    critic_tx = optax.chain(optax.clip_by_global_norm(max_norm), optax.adam(spec.critic_lr))
     return Learner(
         policy,
         critic,
         actor_tx,
         critic_tx if critic is not None else None,
-        loss_config=config.loss_config(),
-        policy_loss=rl.loss,
-        weights=LossWeights(
-            value=rl.value_coef,
-            kl=rl.kl_coef if rl.kl_mode == "loss" else 0.0,
-            entropy=rl.entropy_coef,
-        ),
-        envrl=envrl,
-        temperature=rl.temperature,
+        spec=spec,
         logits_chunk=config.model.logits_chunk,
-        microbatch_size=rl.microbatch_size or None,
+        microbatch_size=spec.microbatch_size or None,
         mesh=mesh,
     )
 
@@ -357,7 +345,7 @@ class Trainer:
             cfg, self.policy, self.critic, self.mesh, num_iterations=self.num_rl_iterations()
         )
         self.rl_update = RLUpdate(
-            cfg,
+            self.learner.spec,
             self.learner,
             self.tokenizer.pad_token_id,
             envrl_examples=functools.partial(
@@ -505,10 +493,12 @@ class Trainer:
 
     def _freeze_reference(self) -> None:
         """The frozen KL reference: the policy as it enters RL, written once (every later
-        checkpoint names it instead of holding another copy). None when the KL weight is 0."""
-        if self.config.rl.kl_coef <= 0:
+        checkpoint names it instead of holding another copy). None when the spec's KL needs no
+        reference (its weight is 0)."""
+        kl = self.learner.spec.kl
+        if not kl.needs_reference:
             return
-        self.ref_policy = reference_copy(self.state.policy, self.config.rl.reference_dtype)
+        self.ref_policy = reference_copy(self.state.policy, kl.reference_dtype)
         self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
@@ -556,7 +546,7 @@ class Trainer:
             if meta.get("reference"):
                 self.ref_policy = self.checkpointer.restore_frozen(
                     meta["reference"],
-                    reference_copy(template["train"].policy, self.config.rl.reference_dtype),
+                    reference_copy(template["train"].policy, self.learner.spec.kl.reference_dtype),
                 )
         self.curriculum.load_state_dict(meta.pop("curriculum"))
         meta.pop("has_ref", None)
