@@ -23,8 +23,8 @@ distribution that acted.
 
 Memory: the policy's [B, T, V] logits are never materialised. Log-probs and entropies go through
 the LM head ``logits_chunk`` positions at a time, each chunk recomputed in the backward pass
-(``lm_head.token_stats``); ``token_logprobs`` and ``mask_to_allowed`` are the plain formulas it
-reproduces.
+(``lm_head.token_stats``); ``lm_head.token_logprobs`` and ``lm_head.mask_to_allowed`` are the
+plain formulas it reproduces.
 
 Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
@@ -55,7 +55,11 @@ from flax import nnx
 
 from agentrl_jax import kernels, sharding
 from agentrl_jax.rl import losses
-from agentrl_jax.rl.lm_head import MASKED_LOGIT, TokenStats, token_stats
+from agentrl_jax.rl.lm_head import TokenStats, token_stats
+
+# The full-logits formulas, in lm_head.py beside the chunked one; still importable from here.
+from agentrl_jax.rl.lm_head import mask_to_allowed as mask_to_allowed
+from agentrl_jax.rl.lm_head import token_logprobs as token_logprobs
 from agentrl_jax.rl.spec import LossWeights, RLSpec
 
 
@@ -68,37 +72,6 @@ class TrainState:
     policy_opt: Any
     value: Any = None  # nnx.State of the value model, or None without a critic
     value_opt: Any = None
-
-
-def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
-    """[B, T] log pi(tokens[t] | tokens[<t]) from logits [B, T, V]; column 0 is 0."""
-    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
-    taken = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
-    return jnp.pad(taken, ((0, 0), (1, 0)))
-
-
-def mask_to_allowed(logits_btv: jax.Array, allowed_btk: jax.Array) -> jax.Array:
-    """Masks the logits at t - 1 (which predict token t) to the ids ``allowed[:, t]``.
-
-    Args:
-      logits_btv: [B, T, V] logits.
-      allowed_btk: [B, T, K] int32 ids token t could be drawn from, -1 padded; a position whose
-        ids are all -1 keeps the whole vocabulary.
-    """
-    b, t, v = logits_btv.shape
-    # The set for token t applies to the logits at t - 1; the last position predicts nothing.
-    ids_btk = jnp.pad(allowed_btk[:, 1:], ((0, 0), (0, 1), (0, 0)), constant_values=-1)
-    keep_btv = (
-        jnp.zeros((b, t, v), jnp.bool_)
-        .at[
-            jnp.arange(b)[:, None, None],
-            jnp.arange(t)[None, :, None],
-            jnp.where(ids_btk >= 0, ids_btk, v),
-        ]
-        .set(True, mode="drop")
-    )
-    constrained_bt = jnp.any(ids_btk >= 0, axis=-1)
-    return jnp.where(constrained_bt[..., None] & ~keep_btv, MASKED_LOGIT, logits_btv)
 
 
 def shift_right(x_bt: jax.Array) -> jax.Array:
