@@ -13,8 +13,8 @@ the pure method of the same name with ``_fn`` (``rl_step_fn``...), which a calle
 may trace instead.
 
 Temperature: RL rollouts sample from ``softmax(logits / T)``, so the RL loss, the old/reference
-log-probs and the entropy are all computed from ``logits / T`` (``temperature``): the policy being
-optimised is the one that acted. SFT and greedy evaluation use the raw logits.
+log-probs and the entropy are all computed from ``logits / T`` (``spec.temperature``): the policy
+being optimised is the one that acted. SFT and greedy evaluation use the raw logits.
 
 Constrained decoding: a batch with ``allowed`` [B, T, K] (the ids the sampler restricted the
 draw of token t to, -1 padded; all -1: unconstrained) is normalised over that set only, as if every
