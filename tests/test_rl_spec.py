@@ -143,3 +143,38 @@ def test_nothing_in_rl_imports_run():
                 names = [node.module or ""]
             for name in names:
                 assert not name.startswith("agentrl_jax.run"), (path.name, name)
+
+
+def test_the_kl_term_is_switched_on_by_the_spec_not_by_the_batch():
+    import jax.numpy as jnp
+    import numpy as np
+
+    from agentrl_jax.rl import losses
+
+    rng = np.random.default_rng(0)
+    logp = jnp.asarray(-rng.random((2, 5)), jnp.float32)
+    stats = {"logprobs": logp, "entropy": jnp.ones((2, 5))}
+    mask = jnp.asarray([[0, 1, 1, 1, 0], [0, 0, 1, 1, 1]], jnp.float32)
+    batch = {
+        "old_logprobs": logp,
+        "advantages": jnp.asarray(rng.normal(size=(2, 5)), jnp.float32) * mask,
+        "loss_mask": mask,
+        "step_ids": jnp.where(mask > 0, 0, -1),
+        "ref_logprobs": logp - 0.3,
+    }
+    ppo = kernels.get_policy_loss("ppo")
+
+    def terms(spec, b=batch):
+        return losses.rl_terms(spec, ppo, stats, b)
+
+    terms_, metrics = terms(RLSpec())  # a reference in the batch, but no KL in the spec
+    assert "losses/kl_ref" not in metrics and "losses/kl_ref" not in terms_
+    reward = _spec(rl=dict(algo="reinforce_pp", kl_mode="reward", kl_coef=0.2))
+    terms_, metrics = terms(reward)
+    assert "losses/kl_ref" in metrics and "losses/kl_ref" not in terms_  # logged, not a term
+    loss = _spec(rl=dict(kl_coef=0.2))
+    terms_, metrics = terms(loss)
+    assert terms_["losses/kl_ref"][0] == 0.2 and float(metrics["losses/kl_ref"].value) > 0
+    without = {k: v for k, v in batch.items() if k != "ref_logprobs"}
+    with pytest.raises(KeyError, match="ref_logprobs"):  # never silently dropped
+        terms(loss, without)
