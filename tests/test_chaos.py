@@ -128,7 +128,7 @@ def chaos_trainer(tmp_path_factory):
         pool=killing,
         sampler=sampler,
         worker=RolloutWorker(killing, sampler, tokenizer, template, config.rollout),
-        rl_update=RLUpdate(config, learner, tokenizer.pad_token_id),
+        rl_update=RLUpdate(learner.spec, learner, tokenizer.pad_token_id),
         state=learner.init(policy, None),
         sft_state=None,
         ref_policy=None,

@@ -93,7 +93,7 @@ def test_an_rl_update_runs_the_plugin_estimator_and_loss(custom_rl, caplog):
     assert not config.needs_critic  # registered with needs_values=False
     policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
     learner = rl_learner(config, policy, None)
-    update = RLUpdate(config, learner, pad_id=0)
+    update = RLUpdate(learner.spec, learner, pad_id=0)
     trajs = synthetic_episodes(2, config.rollout.group_size, cfg.vocab_size, 3)
     with caplog.at_level(logging.INFO):
         _, metrics = update(

@@ -66,7 +66,7 @@ def test_the_update_batch_carries_each_rows_weight_in_its_loss_mask(mode):
     )
     policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
     learner = rl_learner(config, policy, None)
-    update = RLUpdate(config, learner, pad_id=0)
+    update = RLUpdate(learner.spec, learner, pad_id=0)
     trajs = synthetic_episodes(2, config.rollout.group_size, cfg.vocab_size, 3)
     state = learner.init(policy, None)
     batch, _, _ = update.batch(state, nnx.state(policy, nnx.Param), trajs)

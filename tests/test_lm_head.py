@@ -18,14 +18,14 @@ from flax import nnx
 from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.models.testing import random_model
-from agentrl_jax.rl.learner import (
-    Learner,
-    LossWeights,
+from agentrl_jax.rl.learner import Learner, LossWeights, shift_right
+from agentrl_jax.rl.lm_head import (
+    MASKED_LOGIT,
+    TokenStats,
     mask_to_allowed,
-    shift_right,
     token_logprobs,
+    token_stats,
 )
-from agentrl_jax.rl.lm_head import MASKED_LOGIT, TokenStats, token_stats
 
 TOL = 1e-5
 # V = 97 is no other dimension of the test, so [.., .., V] shapes in a jaxpr are logits.
@@ -243,9 +243,9 @@ def test_learner_losses_and_gradients_match_the_full_logits_learner(tied, temper
 
     def grads(learner, name):
         if name == "sft":
-            fn = lambda p, b: learner._sft_loss(p, b)  # noqa: E731
+            fn = lambda p, b: learner.sft_loss(p, b)  # noqa: E731
         else:
-            fn = lambda p, b: learner._rl_loss((p, None), b)  # noqa: E731
+            fn = lambda p, b: learner.rl_loss((p, None), b)  # noqa: E731
         return jax.jit(jax.value_and_grad(fn, has_aux=True))(params, rl)
 
     for name in ("sft", "rl"):

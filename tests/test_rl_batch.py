@@ -116,7 +116,7 @@ def test_the_update_penalises_rewards_with_the_configured_kl_estimator(kind, mod
         return advantages(rl, num_trajs, algo, adv_config, values=values, kl=kl)
 
     monkeypatch.setattr(rl_batch, "advantages", spy)
-    update = RLUpdate(config, learner, pad_id=0)
+    update = RLUpdate(learner.spec, learner, pad_id=0)
     trajs = synthetic_episodes(2, config.rollout.group_size, cfg.vocab_size, 3)
     batch, _, _ = update.batch(learner.init(policy, None), reference, trajs)
     old, ref = np.asarray(batch["old_logprobs"]), np.asarray(batch["ref_logprobs"])

@@ -316,10 +316,13 @@ def _update_row(name: str, sizes: DeviceSizes, peak: float) -> Row:
     policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
     critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
     learner = rl_learner(config, policy, critic)
-    update = RLUpdate(config, learner, learner_bench.PAD)
-    rl = config.rl
+    spec = learner.spec
+    update = RLUpdate(spec, learner, learner_bench.PAD)
     trajs = learner_bench.synthetic_episodes(
-        rl.tasks_per_iteration, config.rollout.group_size, cfg.vocab_size, config.rollout.max_turns
+        config.rl.tasks_per_iteration,
+        config.rollout.group_size,
+        cfg.vocab_size,
+        config.rollout.max_turns,
     )
     ref_policy = nnx.state(policy, nnx.Param)
     state = {"train": learner.init(policy, critic)}
@@ -338,8 +341,8 @@ def _update_row(name: str, sizes: DeviceSizes, peak: float) -> Row:
     with _profiled(f"{name}_update"):
         one_update()
     lengths = [t.num_tokens for t in trajs]
-    tokens = sum(lengths) * rl.epochs
-    flops = update_flops(cfg, lengths, rl.epochs, kl=rl.kl_coef > 0)
+    tokens = sum(lengths) * spec.epochs
+    flops = update_flops(cfg, lengths, spec.epochs, kl=spec.kl.needs_reference)
     return Row(
         f"{name}/rl_update_tokens_per_s",
         tokens / runs.median,
@@ -352,9 +355,9 @@ def _update_row(name: str, sizes: DeviceSizes, peak: float) -> Row:
             "model_tflop": flops / 1e12,
             "episodes": len(trajs),
             "real_tokens": sum(lengths),
-            "epochs": rl.epochs,
-            "minibatch_size": rl.minibatch_size,
-            "microbatch_size": rl.microbatch_size,
+            "epochs": spec.epochs,
+            "minibatch_size": spec.minibatch_size,
+            "microbatch_size": spec.microbatch_size,
             "updates": state["metrics"]["train/updates"],
         },
     )

@@ -79,21 +79,21 @@ def synthetic_episodes(
 
 def run(quick: bool) -> Report:
     config = from_config_dict(load_config_file(CONFIG + (":test" if quick else "")))
-    rl = config.rl
     cfg = preset(
         config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
     )
     policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
     critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
     learner = rl_learner(config, policy, critic)
-    update = RLUpdate(config, learner, PAD)
+    spec = learner.spec
+    update = RLUpdate(spec, learner, PAD)
     trajs = synthetic_episodes(
-        rl.tasks_per_iteration,
+        config.rl.tasks_per_iteration,
         config.rollout.group_size,
         cfg.vocab_size,
         config.rollout.max_turns,
     )
-    tokens = sum(t.num_tokens for t in trajs) * rl.epochs
+    tokens = sum(t.num_tokens for t in trajs) * spec.epochs
     ref_policy = nnx.state(policy, nnx.Param)
     state = {"ours": learner.init(policy, critic), "ref": learner.init(policy, critic)}
 
@@ -107,22 +107,23 @@ def run(quick: bool) -> Report:
     batch, _, _ = update.batch(state["ref"], ref_policy, trajs)
     batch = {k: v for k, v in batch.items() if k not in ("old_logprobs", "ref_logprobs")}
     rows = batch["tokens"].shape[0]
-    num_steps = rl.epochs * (rows // rl.minibatch_size)
+    size = spec.minibatch_size
+    num_steps = spec.epochs * (rows // size)
 
     @functools.partial(jax.jit, donate_argnums=0)
     def program(train_state, batch):
-        scored = learner._score(
+        scored = learner.score_fn(  # the pure functions, traced into this one program
             train_state.policy,
-            ref_policy if rl.kl_coef > 0 else None,
+            ref_policy if spec.kl.needs_reference else None,
             None,
             batch,
             rows_per_chunk=rows,
         )
         batch = {**batch, **scored}
         for i in range(num_steps):
-            lo = (i * rl.minibatch_size) % rows
-            minibatch = {k: v[lo : lo + rl.minibatch_size] for k, v in batch.items()}
-            train_state, _ = learner._rl_step(train_state, minibatch)
+            lo = (i * size) % rows
+            minibatch = {k: v[lo : lo + size] for k, v in batch.items()}
+            train_state, _ = learner.rl_step_fn(train_state, minibatch)
         return train_state
 
     def reference():
@@ -138,7 +139,7 @@ def run(quick: bool) -> Report:
             ref_runs,
             "tokens/s",
             episodes=len(trajs),
-            real_tokens=tokens // rl.epochs,
+            real_tokens=tokens // spec.epochs,
             padded_tokens=int(rows * batch["tokens"].shape[1]),
             rows=rows,
             minibatch_steps=num_steps,
@@ -147,7 +148,7 @@ def run(quick: bool) -> Report:
     )
     report.facts.update(
         config="configs/tiny_textworld.py" + (":test" if quick else ""),
-        algo=rl.algo,
+        algo=spec.algo,
         load_average=os.getloadavg(),
         peak_rss_mb=peak_rss_mb(),
         padded_length=int(rl_batch.length_bucket(max(t.num_tokens for t in trajs))),

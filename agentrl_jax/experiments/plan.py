@@ -51,7 +51,6 @@ from flax import nnx
 from agentrl_jax import sharding
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
 from agentrl_jax.rl import rl_batch, sft_data
-from agentrl_jax.rl.rl_update import score_rows
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import multihost
 from agentrl_jax.run.build import (
@@ -128,7 +127,8 @@ def memory_plan(
         critic = nnx.eval_shape(lambda: Qwen2ValueModel(model_cfg, rngs=nnx.Rngs(0)))
     learner = rl_learner(config, policy, critic, mesh)
     state = learner.abstract_state(policy, critic)
-    ref = reference_copy(state.policy, config.rl.reference_dtype) if config.rl.kl_coef > 0 else None
+    kl = learner.spec.kl
+    ref = reference_copy(state.policy, kl.reference_dtype) if kl.needs_reference else None
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
     sampler_mesh, sampler_params, owned = sampler_copy(model_cfg, state.policy, mesh, local_devices)
     build = {
@@ -242,7 +242,7 @@ def iteration_rows(config: RunConfig) -> int:
     """The most RL rows one iteration makes, padded to whole minibatches (``build_rows``)."""
     episodes = config.rl.tasks_per_iteration * config.rollout.group_size
     per_episode = config.rollout.max_turns if config.rollout.context_mode == "step" else 1
-    return rl_batch.round_up(episodes * per_episode, config.rl.minibatch_size)
+    return rl_batch.round_up(episodes * per_episode, config.rl_spec().minibatch_size)
 
 
 def rollout_batch(config: RunConfig) -> int:
@@ -293,8 +293,8 @@ def _sft_step(config, policy, mesh, seq):
 
 
 def _score(config, learner, state, ref, rows, seq, num_choices):
-    batch = learner.abstract_batch(_row_shapes(config, rows, seq, num_choices, scored=False))
-    chunk = score_rows(config)
+    batch = learner.abstract_batch(_row_shapes(config, learner, rows, seq, num_choices, False))
+    chunk = learner.spec.score_rows
     shapes = {"rows": rows, "seq": seq, "rows_per_chunk": chunk}
     lowered = lambda: learner.score.lower(  # noqa: E731
         state.policy, ref, state.value, batch, rows_per_chunk=chunk
@@ -304,13 +304,13 @@ def _score(config, learner, state, ref, rows, seq, num_choices):
 
 
 def _rl_update(config, learner, state, ref, rows, seq, num_choices):
-    rl = config.rl
-    batch = learner.abstract_batch(_row_shapes(config, rows, seq, num_choices, scored=True))
+    rl = learner.spec
+    batch = learner.abstract_batch(_row_shapes(config, learner, rows, seq, num_choices, True))
     steps = rl.epochs * (rows // rl.minibatch_size)
     replicated = jax.sharding.NamedSharding(learner.mesh, jax.sharding.PartitionSpec())
     index = jax.ShapeDtypeStruct((steps, rl.minibatch_size), jnp.int32, sharding=replicated)
     per_update = {}
-    if learner.envrl is not None:
+    if rl.envrl is not None:
         per_update = {"iteration": jax.ShapeDtypeStruct((steps,), jnp.int32, sharding=replicated)}
         for kind in ("sp", "id"):
             for name, dtype in (("tokens", jnp.int32), ("mask", jnp.float32)):
@@ -336,15 +336,16 @@ def _rl_update(config, learner, state, ref, rows, seq, num_choices):
     )
 
 
-def _row_shapes(config, rows, seq, num_choices, *, scored):
+def _row_shapes(config, learner, rows, seq, num_choices, scored):
     """(shape, dtype) of the RL batch's arrays: what ``RLUpdate.batch`` places on the mesh."""
+    spec = learner.spec
     per_token = {"tokens": jnp.int32, "mask": jnp.float32}
     if scored:
         per_token.update(loss_mask=jnp.float32, step_ids=jnp.int32, old_logprobs=jnp.float32)
         per_token["advantages"] = jnp.float32
-        if config.rl.kl_coef > 0:
+        if spec.kl.needs_reference:
             per_token["ref_logprobs"] = jnp.float32
-        if config.needs_critic:
+        if spec.needs_critic:
             per_token.update(old_values=jnp.float32, returns=jnp.float32)
     out = {k: ((rows, seq), dtype) for k, dtype in per_token.items()}
     if config.rollout.constrain_actions:

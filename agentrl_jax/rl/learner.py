@@ -1,14 +1,20 @@
 """The pure, jitted update: ``train_step(state, batch) -> (state, metrics)``.
 
-One function serves SFT (cross-entropy on the agent's tokens) and RL (the configured policy loss,
+One Learner serves SFT (cross-entropy on the agent's tokens) and RL (the spec's policy loss,
 value loss for critic-based estimators, KL to the frozen reference policy, entropy bonus and the
-ENVRL auxiliary losses). Actor and critic have separate optax optimizers and learning rates. The
-state is donated: its buffers are reused for the new state, so an update never holds two copies
-of the parameters and optimizer moments.
+ENVRL auxiliary losses: ``rl/spec.py`` decides which, ``rl/losses.py`` computes them). Actor and
+critic have separate optax optimizers and learning rates. The state is donated: its buffers are
+reused for the new state, so an update never holds two copies of the parameters and optimizer
+moments.
+
+Entry points: each jitted program is a property of the Learner defined in its class body
+(``sft_step``, ``rl_step``, ``rl_update``, ``score``, ``policy_logprobs``, ``values``), the jit of
+the pure method of the same name with ``_fn`` (``rl_step_fn``...), which a caller's own program
+may trace instead.
 
 Temperature: RL rollouts sample from ``softmax(logits / T)``, so the RL loss, the old/reference
-log-probs and the entropy are all computed from ``logits / T`` (``temperature``): the policy being
-optimised is the one that acted. SFT and greedy evaluation use the raw logits.
+log-probs and the entropy are all computed from ``logits / T`` (``spec.temperature``): the policy
+being optimised is the one that acted. SFT and greedy evaluation use the raw logits.
 
 Constrained decoding: a batch with ``allowed`` [B, T, K] (the ids the sampler restricted the
 draw of token t to, -1 padded; all -1: unconstrained) is normalised over that set only, as if every
@@ -17,8 +23,8 @@ distribution that acted.
 
 Memory: the policy's [B, T, V] logits are never materialised. Log-probs and entropies go through
 the LM head ``logits_chunk`` positions at a time, each chunk recomputed in the backward pass
-(``lm_head.token_stats``); ``token_logprobs`` and ``mask_to_allowed`` are the plain formulas it
-reproduces.
+(``lm_head.token_stats``); ``lm_head.token_logprobs`` and ``lm_head.mask_to_allowed`` are the
+plain formulas it reproduces.
 
 Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
@@ -27,7 +33,8 @@ line up with the token they score; column 0 (never an action token) is 0.
 Microbatches: with ``microbatch_size``, a step's batch is split into microbatches scanned on
 device (``jax.lax.scan``), each one's gradient added to a float32 accumulator, so activation
 memory is set by the microbatch; the loss, gradient, metrics and update are the whole batch's
-(``_loss_and_grads``). The optimizer and the non-finite check run once, after accumulation.
+(``losses.loss_and_grads``). The optimizer and the non-finite check run once, after
+accumulation.
 
 A non-finite loss or gradient leaves the parameters and optimizer states unchanged (the update is
 skipped inside jit) and reports ``train/skipped_nonfinite = 1``; the trainer logs it and never
@@ -36,7 +43,6 @@ checkpoints a state whose last update was skipped for that reason.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from typing import Any
 
@@ -48,7 +54,13 @@ import optax
 from flax import nnx
 
 from agentrl_jax import kernels, sharding
-from agentrl_jax.rl.lm_head import MASKED_LOGIT, TokenStats, token_stats
+from agentrl_jax.rl import losses
+from agentrl_jax.rl.lm_head import TokenStats, token_stats
+
+# The full-logits formulas, in lm_head.py beside the chunked one; still importable from here.
+from agentrl_jax.rl.lm_head import mask_to_allowed as mask_to_allowed
+from agentrl_jax.rl.lm_head import token_logprobs as token_logprobs
+from agentrl_jax.rl.spec import LossWeights, RLSpec
 
 
 @flax.struct.dataclass
@@ -60,46 +72,6 @@ class TrainState:
     policy_opt: Any
     value: Any = None  # nnx.State of the value model, or None without a critic
     value_opt: Any = None
-
-
-@dataclasses.dataclass(frozen=True)
-class LossWeights:
-    """Coefficients of the total loss. ``kl`` multiplies the KL-to-reference loss term."""
-
-    value: float = 0.5
-    kl: float = 0.0
-    entropy: float = 0.0
-
-
-def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
-    """[B, T] log pi(tokens[t] | tokens[<t]) from logits [B, T, V]; column 0 is 0."""
-    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
-    taken = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
-    return jnp.pad(taken, ((0, 0), (1, 0)))
-
-
-def mask_to_allowed(logits_btv: jax.Array, allowed_btk: jax.Array) -> jax.Array:
-    """Masks the logits at t - 1 (which predict token t) to the ids ``allowed[:, t]``.
-
-    Args:
-      logits_btv: [B, T, V] logits.
-      allowed_btk: [B, T, K] int32 ids token t could be drawn from, -1 padded; a position whose
-        ids are all -1 keeps the whole vocabulary.
-    """
-    b, t, v = logits_btv.shape
-    # The set for token t applies to the logits at t - 1; the last position predicts nothing.
-    ids_btk = jnp.pad(allowed_btk[:, 1:], ((0, 0), (0, 1), (0, 0)), constant_values=-1)
-    keep_btv = (
-        jnp.zeros((b, t, v), jnp.bool_)
-        .at[
-            jnp.arange(b)[:, None, None],
-            jnp.arange(t)[None, :, None],
-            jnp.where(ids_btk >= 0, ids_btk, v),
-        ]
-        .set(True, mode="drop")
-    )
-    constrained_bt = jnp.any(ids_btk >= 0, axis=-1)
-    return jnp.where(constrained_bt[..., None] & ~keep_btv, MASKED_LOGIT, logits_btv)
 
 
 def shift_right(x_bt: jax.Array) -> jax.Array:
@@ -114,6 +86,10 @@ class Learner:
       policy: the policy module (its graph definition is kept; its state seeds ``init``).
       value_model: the critic module or None.
       actor_tx, critic_tx: optax transformations (separate learning rates).
+      spec: the run's resolved RL settings (``RunConfig.rl_spec()``): losses, weights, KL,
+        ENVRL, temperature. Without it, the next five arguments make one
+        (``RLSpec.for_losses``: the KL a loss term of weight ``weights.kl``); with it, they
+        must be left out.
       loss_config: kernels.LossConfig of the policy/value/KL/entropy losses.
       policy_loss: registered policy-loss name (``kernels.get_policy_loss``).
       weights: LossWeights.
@@ -134,51 +110,96 @@ class Learner:
         actor_tx: optax.GradientTransformation,
         critic_tx: optax.GradientTransformation | None = None,
         *,
+        spec: RLSpec | None = None,
         loss_config: kernels.LossConfig | None = None,
-        policy_loss: str = "ppo",
+        policy_loss: str | None = None,
         weights: LossWeights | None = None,
         envrl: Any = None,
-        temperature: float = 1.0,
+        temperature: float | None = None,
         logits_chunk: int = 256,
         microbatch_size: int | None = None,
         mesh: jax.sharding.Mesh | None = None,
     ):
-        if not temperature > 0:
+        loss_settings = dict(
+            loss_config=loss_config,
+            policy_loss=policy_loss,
+            weights=weights,
+            envrl=envrl,
+            temperature=temperature,
+        )
+        given = sorted(k for k, v in loss_settings.items() if v is not None)
+        if spec is not None and given:
+            raise ValueError(f"Learner: pass a spec or its settings {given}, not both")
+        if temperature is not None and not temperature > 0:
             raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
+        if spec is None:
+            spec = RLSpec.for_losses(**{k: v for k, v in loss_settings.items() if v is not None})
         if logits_chunk < 1:
             raise ValueError(f"Learner logits_chunk={logits_chunk}: expected >= 1")
         if microbatch_size is not None and microbatch_size < 0:
             raise ValueError(
                 f"Learner microbatch_size={microbatch_size}: expected None, 0 (no split) or > 0"
             )
+        self.spec = spec
         self.microbatch_size = int(microbatch_size or 0)
-        self.temperature = float(temperature)
         self.logits_chunk = int(logits_chunk)
         self.policy_graphdef, _ = nnx.split(policy)
         self.value_graphdef = None if value_model is None else nnx.split(value_model)[0]
         self.actor_tx = actor_tx
         self.critic_tx = critic_tx
-        self.loss_config = loss_config or kernels.LossConfig()
-        self.policy_loss_fn = kernels.get_policy_loss(policy_loss)
-        self.weights = weights or LossWeights()
-        self.envrl = envrl
+        self.policy_loss_fn = kernels.get_policy_loss(spec.policy_loss)
         self.mesh = mesh
         # The state's layout, from its shapes alone: the train steps are compiled with exactly
         # these output shardings, and ``init`` creates the state in them.
         self.state_shardings = None
         if mesh is not None:
             self.state_shardings = self._shardings(self.abstract_state(policy, value_model))
-        out = {} if mesh is None else {"out_shardings": (self.state_shardings, None)}
-        # Traced and called under the mesh, so the model's activation constraints (batch over
-        # (data, fsdp), heads and MLP width over tp) are part of every step's program.
-        jit = functools.partial(sharding.MeshJit, mesh=mesh)
-        # Donating the state lets XLA write the new parameters and moments into the old buffers.
-        self.sft_step = jit(self._sft_step, donate_argnums=0, **out)
-        self.rl_step = jit(self._rl_step, donate_argnums=0, **out)
-        self.rl_update = jit(self._rl_update, donate_argnums=0, **out)
-        self.policy_logprobs = jit(self._policy_logprobs)
-        self.score = jit(self._score, static_argnames="rows_per_chunk")
-        self.values = jit(self._values)
+
+    # ---------------------------------------------------------------- jitted entry points
+    #
+    # Each is the jit of the pure ``*_fn`` method of its name, made once per Learner on first
+    # use: traced and called under the Learner's mesh (``sharding.MeshJit``), so the model's
+    # activation constraints (batch over (data, fsdp), heads and MLP width over tp) are part of
+    # every program; the steps return the state in ``state_shardings`` and take it donated, so
+    # XLA writes the new parameters and moments into the old buffers.
+
+    def _jit(self, fn, *, steps_state: bool = False, **jit_kwargs) -> sharding.MeshJit:
+        if steps_state:
+            jit_kwargs["donate_argnums"] = 0
+            if self.mesh is not None:
+                jit_kwargs["out_shardings"] = (self.state_shardings, None)
+        return sharding.MeshJit(fn, mesh=self.mesh, **jit_kwargs)
+
+    @functools.cached_property
+    def sft_step(self) -> sharding.MeshJit:
+        """``(state, batch) -> (state, metrics)``: jitted :meth:`sft_step_fn`, state donated."""
+        return self._jit(self.sft_step_fn, steps_state=True)
+
+    @functools.cached_property
+    def rl_step(self) -> sharding.MeshJit:
+        """``(state, minibatch) -> (state, metrics)``: jitted :meth:`rl_step_fn`, state donated."""
+        return self._jit(self.rl_step_fn, steps_state=True)
+
+    @functools.cached_property
+    def rl_update(self) -> sharding.MeshJit:
+        """``(state, batch, index_ur, per_update) -> (state, metrics)``: jitted
+        :meth:`rl_update_fn` (the minibatch steps scanned), state donated."""
+        return self._jit(self.rl_update_fn, steps_state=True)
+
+    @functools.cached_property
+    def score(self) -> sharding.MeshJit:
+        """Jitted :meth:`score_fn` (``rows_per_chunk`` static)."""
+        return self._jit(self.score_fn, static_argnames="rows_per_chunk")
+
+    @functools.cached_property
+    def policy_logprobs(self) -> sharding.MeshJit:
+        """``(policy_state, batch) -> [B, T]``: jitted :meth:`policy_logprobs_fn`."""
+        return self._jit(self.policy_logprobs_fn)
+
+    @functools.cached_property
+    def values(self) -> sharding.MeshJit:
+        """``(value_state, batch) -> [B, T]``: jitted :meth:`values_fn`."""
+        return self._jit(self.values_fn)
 
     # ---------------------------------------------------------------- state
 
@@ -322,20 +343,24 @@ class Learner:
             model,
             batch["tokens"],
             batch["mask"],
-            temperature=self.temperature,
+            temperature=self.spec.temperature,
             allowed=batch.get("allowed"),
         )
 
-    def _policy_logprobs(self, policy_state, batch):
+    def policy_logprobs_fn(self, policy_state, batch):
+        """[B, T] log-probs of the distribution that acted (pure; jitted as
+        :attr:`policy_logprobs`)."""
         model = nnx.merge(self.policy_graphdef, policy_state)
         return self._rl_stats(model, batch).logprobs
 
-    def _values(self, value_state, batch):
+    def values_fn(self, value_state, batch):
+        """[B, T] the critic's values, aligned with the tokens (pure; jitted as :attr:`values`)."""
         model = nnx.merge(self.value_graphdef, value_state)
         return shift_right(model(batch["tokens"], mask_bt=batch["mask"]))
 
-    def _score(self, policy_state, ref_state, value_state, batch, *, rows_per_chunk: int):
-        """What the update needs of the rollout's models, in one program over the whole batch.
+    def score_fn(self, policy_state, ref_state, value_state, batch, *, rows_per_chunk: int):
+        """What the update needs of the rollout's models, in one program over the whole batch
+        (pure; jitted as :attr:`score`).
 
         Returns {"old_logprobs": [R, T]} and, when their states are given, "ref_logprobs" [R, T]
         and "old_values" [R, T]; ``rows_per_chunk`` rows go through the models at a time (a
@@ -353,37 +378,30 @@ class Learner:
             )
 
         def one(chunk):
-            out = {"old_logprobs": self._policy_logprobs(policy_state, chunk)}
+            out = {"old_logprobs": self.policy_logprobs_fn(policy_state, chunk)}
             if ref_state is not None:
-                out["ref_logprobs"] = self._policy_logprobs(ref_state, chunk)
+                out["ref_logprobs"] = self.policy_logprobs_fn(ref_state, chunk)
             if value_state is not None:
-                out["old_values"] = self._values(value_state, chunk)
+                out["old_values"] = self.values_fn(value_state, chunk)
             return out
 
         if n == 1:
             return one(inputs)
-        out = jax.lax.map(one, {k: _split_rows(v, n) for k, v in inputs.items()})
-        return jax.tree.map(_merge_rows, out)
+        out = jax.lax.map(one, {k: losses.split_rows(v, n) for k, v in inputs.items()})
+        return jax.tree.map(losses.merge_rows, out)
 
     # ---------------------------------------------------------------- losses
     #
-    # A loss is split in two: ``*_forward(params, batch)`` -> per-row stats (every use of the
-    # parameters), and ``*_terms(stats, batch)`` -> (terms, metrics), where ``terms`` maps each
-    # loss term to (coefficient, Weighted) and the loss is sum_k coefficient_k * value_k. The
-    # split lets ``_loss_and_grads`` scan microbatches through the forward pass and still give
-    # the whole batch's loss, gradient and metrics.
+    # A loss is a forward pass (``*_forward(params, batch)`` -> per-row stats: every use of the
+    # parameters) and its terms (``rl/losses.py``); ``losses.loss_and_grads`` scans
+    # microbatches through the first and still gives the whole batch's loss and metrics.
 
-    def _sft_forward(self, policy_state, batch) -> dict[str, jax.Array]:
+    def sft_forward(self, policy_state, batch) -> dict[str, jax.Array]:
         """{"logprobs": [B, T]} of the raw (temperature 1, unconstrained) logits."""
         model = nnx.merge(self.policy_graphdef, policy_state)
         return {"logprobs": self._token_stats(model, batch["tokens"], batch["mask"]).logprobs}
 
-    def _sft_terms(self, stats, batch):
-        """The SFT loss: token-mean negative log-likelihood of the ``loss_mask`` tokens."""
-        nll = kernels.aggregate(-stats["logprobs"], batch["loss_mask"], "token_mean")
-        return {"sft/nll": (1.0, nll)}, {"sft/nll": nll, "sft/tokens": nll.denominator}
-
-    def _rl_forward(self, params, batch) -> dict[str, jax.Array]:
+    def rl_forward(self, params, batch) -> dict[str, jax.Array]:
         """Per-row stats of the current parameters: all the RL terms need of them.
 
         Returns:
@@ -397,181 +415,56 @@ class Learner:
         if value_state is not None:
             vmodel = nnx.merge(self.value_graphdef, value_state)
             out["values"] = shift_right(vmodel(batch["tokens"], mask_bt=batch["mask"]))
-        if self.envrl is not None and "aux_sp_tokens" in batch:
+        if self.spec.envrl is not None and "aux_sp_tokens" in batch:
             for kind in ("sp", "id"):
                 tokens, mask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_mask"]
                 out[f"aux_{kind}_logprobs"] = self._token_stats(model, tokens, mask).logprobs
         return out
 
-    def _rl_terms(self, stats, batch):
-        """The RL loss terms (policy, entropy bonus, KL, value, ENVRL) and metrics of ``stats``."""
-        cfg, w = self.loss_config, self.weights
-        logp, mask = stats["logprobs"], batch["loss_mask"]
-        pg, pg_metrics = self.policy_loss_fn(
-            logp,
-            batch["old_logprobs"],
-            batch["advantages"],
-            mask,
-            step_ids=batch["step_ids"],
-            config=cfg,
-        )
-        terms = {"losses/policy_loss": (1.0, pg)}
-        metrics = {"losses/policy_loss": pg}
-        metrics.update({_metric_name(k): v for k, v in pg_metrics.items()})
+    def rl_terms(self, stats, batch):
+        """The RL loss terms and metrics of ``stats`` (``losses.rl_terms`` of the spec)."""
+        return losses.rl_terms(self.spec, self.policy_loss_fn, stats, batch)
 
-        ent = kernels.entropy_bonus(stats["entropy"], mask, cfg.aggregation)
-        metrics["losses/entropy"] = ent
-        if w.entropy:
-            terms["losses/entropy"] = (-w.entropy, ent)
-
-        if "ref_logprobs" in batch:
-            kl = kernels.kl_loss(logp, batch["ref_logprobs"], mask, config=cfg)
-            metrics["losses/kl_ref"] = kl
-            if w.kl:
-                terms["losses/kl_ref"] = (w.kl, kl)
-
-        if "values" in stats:
-            values = stats["values"]
-            vf, vf_metrics = kernels.value_loss(
-                values, batch["old_values"], batch["returns"], mask, config=cfg
-            )
-            terms["losses/value_loss"] = (w.value, vf)
-            metrics["losses/value_loss"] = vf
-            metrics.update({_metric_name(k): v for k, v in vf_metrics.items()})
-            metrics["losses/explained_variance"] = kernels.explained_variance(
-                values, batch["returns"], mask
-            )
-
-        if "aux_sp_logprobs" in stats:
-            for kind in ("sp", "id"):
-                aux = kernels.aux_loss(
-                    stats[f"aux_{kind}_logprobs"], batch[f"aux_{kind}_target_mask"]
-                )
-                weight = kernels.cosine_weight(
-                    batch["iteration"], getattr(self.envrl, f"{kind}_weight"), self.envrl.horizon
-                )
-                terms[f"envrl/{kind}_loss"] = (weight, aux)
-                metrics[f"envrl/{kind}_loss"] = aux
-                metrics[f"envrl/{kind}_weight"] = weight
-        metrics["losses/total"] = _total(terms)
-        return terms, metrics
-
-    def _sft_loss(self, policy_state, batch):
+    def sft_loss(self, policy_state, batch):
         """The whole batch's SFT loss and metrics, in one piece (no microbatches)."""
-        loss, (_, metrics) = _loss(self._sft_forward, self._sft_terms, policy_state, batch)
-        return loss, _metric_values(metrics)
+        value, (_, metrics) = losses.loss(self.sft_forward, losses.sft_terms, policy_state, batch)
+        return value, losses.metric_values(metrics)
 
-    def _rl_loss(self, params, batch):
+    def rl_loss(self, params, batch):
         """The whole batch's RL loss and metrics in one piece; params: (policy, value or None)."""
-        loss, (_, metrics) = _loss(self._rl_forward, self._rl_terms, params, batch)
-        return loss, _metric_values(metrics)
-
-    # ---------------------------------------------------------------- microbatches
-
-    def _num_microbatches(self, batch) -> int:
-        """How many microbatches ``batch`` splits into (static: from the shapes).
-
-        Raises:
-          ValueError: ``microbatch_size`` does not divide the batch's rows, or an array (ENVRL's
-            ``aux_*``, with rows of their own) does not split into as many microbatches.
-        """
-        rows = batch["tokens"].shape[0]
-        size = self.microbatch_size or rows
-        if rows % size:
-            raise ValueError(
-                f"Learner microbatch_size={size} does not divide the batch's {rows} rows; "
-                f"expected a divisor of {rows}"
-            )
-        n = rows // size
-        for key, x in batch.items():
-            if jnp.ndim(x) and x.shape[0] % n:
-                raise ValueError(
-                    f"Learner: batch[{key!r}] has {x.shape[0]} rows, which do not split into the "
-                    f"{n} microbatches of {rows} rows / microbatch_size={size}"
-                )
-        return n
-
-    def _loss_and_grads(self, forward, terms_fn, params, batch):
-        """The whole batch's loss, gradient and metrics, scanned over microbatches on device.
-
-        With ``microbatch_size`` rows per microbatch (strided: microbatch i holds rows i, i + n,
-        ..., so rows sharded over devices stay spread over all of them), only one microbatch's
-        activations are alive at a time. Exactness: every term's denominator (masked tokens or
-        non-empty rows) depends on the masks only and sums over rows (the ``Weighted``
-        contract), so it is taken from the whole batch first, by evaluating the terms on zero
-        stats (no forward pass runs for it). Microbatch i's loss is then sum_k c_k * num_ik /
-        den_k, and its losses and gradients sum to the whole batch's. The metrics are the terms
-        evaluated on the whole batch's stats, reassembled from the microbatches', so means,
-        fractions and the explained variance are the whole batch's, not means of means.
-        Gradients accumulate in float32.
-
-        Args:
-          forward: (params, batch) -> dict of per-row stats, [rows, ...] arrays; every use of
-            the parameters is in it.
-          terms_fn: (stats, batch) -> (terms, metrics): terms maps a name to (coefficient,
-            Weighted), metrics a name to a Weighted or a scalar.
-          params: the pytree differentiated.
-          batch: [B, ...] arrays (ENVRL's ``aux_*``: [N, ...], split into as many microbatches)
-            and scalars, which every microbatch sees whole.
-
-        Returns:
-          (loss, grads, metrics): the scalar loss, grads shaped and typed like ``params``, and
-          the metrics as scalars.
-        """
-        grad_fn = jax.value_and_grad(functools.partial(_loss, forward, terms_fn), has_aux=True)
-        n = self._num_microbatches(batch)
-        if n == 1:
-            (loss, (_, metrics)), grads = grad_fn(params, batch)
-            return loss, grads, _metric_values(metrics)
-
-        shapes = jax.eval_shape(forward, params, batch)
-        zero_stats = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
-        terms, _ = terms_fn(zero_stats, batch)
-        denominators = {name: weighted.denominator for name, (_, weighted) in terms.items()}
-        shared = {k: v for k, v in batch.items() if not jnp.ndim(v)}
-        rows = {k: _split_rows(v, n) for k, v in batch.items() if jnp.ndim(v)}
-
-        def body(carry, micro):
-            loss_sum, grads_sum = carry
-            (loss, (stats, _)), grads = grad_fn(params, {**shared, **micro}, denominators)
-            grads_sum = jax.tree.map(lambda a, g: a + g.astype(jnp.float32), grads_sum, grads)
-            return (loss_sum + loss, grads_sum), stats
-
-        zeros = jax.tree.map(lambda p: jnp.zeros(p.shape, jnp.float32), params)
-        init = (jnp.zeros((), jnp.float32), zeros)
-        (loss, grads), stats = jax.lax.scan(body, init, rows)
-        grads = jax.tree.map(lambda g, p: g.astype(p.dtype), grads, params)
-        _, metrics = terms_fn(jax.tree.map(_merge_rows, stats), batch)
-        return loss, grads, _metric_values(metrics)
+        value, (_, metrics) = losses.loss(self.rl_forward, self.rl_terms, params, batch)
+        return value, losses.metric_values(metrics)
 
     # ---------------------------------------------------------------- updates
 
-    def _sft_step(self, state: TrainState, batch):
-        loss, grads, metrics = self._loss_and_grads(
-            self._sft_forward, self._sft_terms, state.policy, batch
+    def sft_step_fn(self, state: TrainState, batch):
+        """One SFT step (pure; jitted as :attr:`sft_step`)."""
+        loss, grads, metrics = losses.loss_and_grads(
+            self.sft_forward, losses.sft_terms, state.policy, batch, self.microbatch_size
         )
-        policy, policy_opt, ok, gnorm = _apply(
+        policy, policy_opt, ok, gnorm = losses.apply_update(
             self.actor_tx, loss, grads, state.policy, state.policy_opt
         )
         metrics.update({"train/grad_norm": gnorm, "train/skipped_nonfinite": 1.0 - ok})
         new = state.replace(step=state.step + 1, policy=policy, policy_opt=policy_opt)
         return new, metrics
 
-    def _rl_step(self, state: TrainState, batch):
+    def rl_step_fn(self, state: TrainState, batch):
+        """One RL step on a minibatch (pure; jitted as :attr:`rl_step`)."""
         params = (state.policy, state.value)
-        loss, (g_pol, g_val), metrics = self._loss_and_grads(
-            self._rl_forward, self._rl_terms, params, batch
+        loss, (g_pol, g_val), metrics = losses.loss_and_grads(
+            self.rl_forward, self.rl_terms, params, batch, self.microbatch_size
         )
-        finite = jnp.isfinite(loss) & _all_finite(g_pol)
+        finite = jnp.isfinite(loss) & losses.all_finite(g_pol)
         if state.value is not None:
-            finite = finite & _all_finite(g_val)
-        policy, policy_opt, _, gnorm = _apply(
+            finite = finite & losses.all_finite(g_val)
+        policy, policy_opt, _, gnorm = losses.apply_update(
             self.actor_tx, loss, g_pol, state.policy, state.policy_opt, finite
         )
         metrics["train/grad_norm"] = gnorm
         value, value_opt = state.value, state.value_opt
         if state.value is not None:
-            value, value_opt, _, vnorm = _apply(
+            value, value_opt, _, vnorm = losses.apply_update(
                 self.critic_tx, loss, g_val, state.value, state.value_opt, finite
             )
             metrics["train/value_grad_norm"] = vnorm
@@ -585,8 +478,9 @@ class Learner:
         )
         return new, metrics
 
-    def _rl_update(self, state: TrainState, batch, index_ur, per_update):
-        """One RL update: a train step per minibatch, scanned on device.
+    def rl_update_fn(self, state: TrainState, batch, index_ur, per_update):
+        """One RL update: a train step per minibatch, scanned on device (pure; jitted as
+        :attr:`rl_update`).
 
         Args:
           state: the train state (donated).
@@ -604,7 +498,7 @@ class Learner:
             index_r, extra = xs
             minibatch = {k: jnp.take(v, index_r, axis=0) for k, v in batch.items()}
             minibatch = self._constrain_rows({**minibatch, **extra})
-            return self._rl_step(state, minibatch)
+            return self.rl_step_fn(state, minibatch)
 
         return jax.lax.scan(step, state, (index_ur, per_update))
 
@@ -618,41 +512,6 @@ class Learner:
         }
 
 
-def _total(terms, denominators=None) -> jax.Array:
-    """sum_k c_k * numerator_k / denominator_k over ``terms`` (name -> (c_k, Weighted)).
-
-    ``denominators`` (name -> scalar) replaces the terms' own, e.g. the whole batch's for a
-    microbatch's numerators.
-    """
-    total = 0.0
-    for name, (coefficient, weighted) in terms.items():
-        if denominators is not None:
-            weighted = kernels.Weighted(weighted.numerator, denominators[name])
-        total = total + coefficient * weighted.value
-    return total
-
-
-def _loss(forward, terms_fn, params, batch, denominators=None):
-    """(loss, (stats, metrics)) of one batch: ``forward``, then ``terms_fn``, then the total."""
-    stats = forward(params, batch)
-    terms, metrics = terms_fn(stats, batch)
-    return _total(terms, denominators), (stats, metrics)
-
-
-def _metric_values(metrics) -> dict[str, jax.Array]:
-    return {k: v.value if isinstance(v, kernels.Weighted) else v for k, v in metrics.items()}
-
-
-def _split_rows(x_r: jax.Array, n: int) -> jax.Array:
-    """[R, ...] -> [n, R / n, ...]: microbatch i holds rows i, i + n, i + 2n, ..."""
-    return jnp.swapaxes(x_r.reshape(x_r.shape[0] // n, n, *x_r.shape[1:]), 0, 1)
-
-
-def _merge_rows(x_nm: jax.Array) -> jax.Array:
-    """[n, R / n, ...] -> [R, ...], the inverse of :func:`_split_rows`."""
-    return jnp.swapaxes(x_nm, 0, 1).reshape(-1, *x_nm.shape[2:])
-
-
 def _params(module: nnx.Module | None):
     return None if module is None else nnx.state(module, nnx.Param)
 
@@ -660,26 +519,3 @@ def _params(module: nnx.Module | None):
 def _batch_axes(shape) -> tuple[str | None, ...]:
     """Logical axes of a batch array of ``shape``: rows are the batch, the rest is not split."""
     return ("batch",) + (None,) * (len(shape) - 1) if len(shape) else ()
-
-
-def _metric_name(name: str) -> str:
-    return name if "/" in name else f"losses/{name}"
-
-
-def _all_finite(tree) -> jax.Array:
-    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
-
-
-def _apply(tx, loss, grads, params, opt_state, finite=None):
-    """One optimizer update, skipped (params and moments kept) when anything is non-finite."""
-    if finite is None:
-        finite = jnp.isfinite(loss) & _all_finite(grads)
-    gnorm = optax.global_norm(grads)
-    safe_grads = jax.tree.map(lambda g: jnp.where(finite, g, jnp.zeros_like(g)), grads)
-    updates, new_opt = tx.update(safe_grads, opt_state, params)
-    new_params = optax.apply_updates(params, updates)
-    keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
-    new_params = jax.tree.map(keep, new_params, params)
-    new_opt = jax.tree.map(keep, new_opt, opt_state)
-    return new_params, new_opt, finite.astype(jnp.float32), gnorm

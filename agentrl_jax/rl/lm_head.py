@@ -8,7 +8,8 @@ backward pass recomputes one chunk's [B, chunk, V] logits at a time instead of s
 
 Constrained decoding (``allowed``) normalises over the chunk's K gathered allowed logits, so no
 [B, T, V] mask is built either. The numbers are those of masking every other logit to -inf
-(``learner.mask_to_allowed``) before the softmax.
+(:func:`mask_to_allowed`) before the softmax; :func:`token_logprobs` is the plain formula of the
+log-probs.
 
 Alignment, as everywhere in the learner: column t scores token t with the logits at t - 1 (and
 the allowed set of token t); column 0, which nothing predicts, is 0.
@@ -144,3 +145,39 @@ def _normalise(z_bcv: jax.Array, z_target_bc: jax.Array):
     logprob_bc = (z_target_bc - m_bc1[..., 0]) - log_total_bc
     entropy_bc = log_total_bc - jnp.sum(e_bcv * s_bcv, axis=-1) / total_bc
     return logprob_bc, entropy_bc, m_bc1[..., 0] + log_total_bc
+
+
+# ---------------------------------------------------------------- the plain formulas
+#
+# What token_stats computes, from full [B, T, V] logits: the reference the tests hold it to.
+
+
+def token_logprobs(logits_btv: jax.Array, tokens_bt: jax.Array) -> jax.Array:
+    """[B, T] log pi(tokens[t] | tokens[<t]) from logits [B, T, V]; column 0 is 0."""
+    logp_btv = jax.nn.log_softmax(logits_btv[:, :-1].astype(jnp.float32), axis=-1)
+    taken = jnp.take_along_axis(logp_btv, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    return jnp.pad(taken, ((0, 0), (1, 0)))
+
+
+def mask_to_allowed(logits_btv: jax.Array, allowed_btk: jax.Array) -> jax.Array:
+    """Masks the logits at t - 1 (which predict token t) to the ids ``allowed[:, t]``.
+
+    Args:
+      logits_btv: [B, T, V] logits.
+      allowed_btk: [B, T, K] int32 ids token t could be drawn from, -1 padded; a position whose
+        ids are all -1 keeps the whole vocabulary.
+    """
+    b, t, v = logits_btv.shape
+    # The set for token t applies to the logits at t - 1; the last position predicts nothing.
+    ids_btk = jnp.pad(allowed_btk[:, 1:], ((0, 0), (0, 1), (0, 0)), constant_values=-1)
+    keep_btv = (
+        jnp.zeros((b, t, v), jnp.bool_)
+        .at[
+            jnp.arange(b)[:, None, None],
+            jnp.arange(t)[None, :, None],
+            jnp.where(ids_btk >= 0, ids_btk, v),
+        ]
+        .set(True, mode="drop")
+    )
+    constrained_bt = jnp.any(ids_btk >= 0, axis=-1)
+    return jnp.where(constrained_bt[..., None] & ~keep_btv, MASKED_LOGIT, logits_btv)

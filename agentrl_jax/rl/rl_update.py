@@ -3,16 +3,22 @@
     trajectories -> token rows (host) -> devices, once
       -> old / reference log-probs and values (``Learner.score``: one program, stays on device)
       -> advantages (host: they need the trajectories' structure; one transfer each way)
-      -> ``rl.epochs`` shuffles of minibatches (``Learner.rl_update``: one program, steps scanned)
+      -> ``spec.epochs`` shuffles of minibatches (``Learner.rl_update``: one program, steps
+         scanned)
       -> metrics (one transfer)
 
 The host draws every shuffle (and ENVRL's example draws) from the iteration's numpy generator in
 the order the steps take them, so an update is exactly the sequence of ``Learner.rl_step`` calls
 on host-sliced minibatches it replaces, without a host round trip per minibatch.
+
+Every setting is read from the run's resolved ``RLSpec`` (``rl/spec.py``), the one the Learner
+was built with: whether a reference policy is scored, whether its KL becomes a reward penalty
+(and with which estimator), the estimator and its config, rows, epochs and minibatches.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -22,15 +28,17 @@ import numpy as np
 from agentrl_jax import chaos, kernels, sharding, timing
 from agentrl_jax.rl import envrl_data, rl_batch
 from agentrl_jax.rl.learner import Learner, TrainState
+from agentrl_jax.rl.spec import RLSpec
 from agentrl_jax.rollout.trajectory import Trajectory
-from agentrl_jax.run.config import RunConfig
 
 
 class RLUpdate:
     """The RL update of a run: ``update(state, ref_policy, trajs, np_rng)``.
 
     Args:
-      config: the run's config (``rl``, ``rollout.context_mode``, the advantage config).
+      spec: the run's RL settings (``RunConfig.rl_spec()``), the learner's own spec. (A
+        RunConfig is still taken, for one release, with a DeprecationWarning: the learner's
+        spec is then used.)
       learner: the Learner whose ``score`` and ``rl_update`` programs it runs.
       pad_id: the tokenizer's padding id.
       envrl_examples: with ENVRL, ``(trajs, max_len=...) -> {"sp": ..., "id": ...}``
@@ -39,14 +47,27 @@ class RLUpdate:
 
     def __init__(
         self,
-        config: RunConfig,
+        spec: RLSpec,
         learner: Learner,
         pad_id: int,
         envrl_examples: Callable[..., dict[str, Any]] | None = None,
     ):
-        if learner.envrl is not None and envrl_examples is None:
+        if not isinstance(spec, RLSpec):  # a RunConfig, as before the spec
+            warnings.warn(
+                "RLUpdate(config, ...) is deprecated: pass the run's RL spec, "
+                "RLUpdate(config.rl_spec(...), learner, ...) (the learner's spec is used)",
+                DeprecationWarning,
+                stacklevel=2,
+            )
+            spec = learner.spec
+        if spec != learner.spec:
+            raise ValueError(
+                "RLUpdate: the spec is not the one the learner was built with; build both from "
+                "one RunConfig.rl_spec()"
+            )
+        if spec.envrl is not None and envrl_examples is None:
             raise ValueError("RLUpdate: the learner has ENVRL losses; pass envrl_examples")
-        self.config = config
+        self.spec = spec
         self.learner = learner
         self.pad_id = pad_id
         self.envrl_examples = envrl_examples
@@ -71,19 +92,24 @@ class RLUpdate:
         computed there in one program and stay there, and come to the host once, for the
         advantages.
         """
-        cfg, rl = self.config, self.config.rl
+        spec = self.spec
+        if spec.kl.needs_reference and ref_policy is None:
+            raise ValueError(
+                f"RLUpdate: the spec's KL (coef {spec.kl.coef}, {spec.kl.mode} mode) needs the "
+                "frozen reference policy; got ref_policy=None"
+            )
         critic = self.learner.value_graphdef is not None
         with timing.phase("batch"):
             rows_ = rl_batch.build_rows(
                 trajs,
-                cfg.rollout.context_mode,
+                spec.context_mode,
                 self.pad_id,
-                rl.minibatch_size,
+                spec.minibatch_size,
                 bootstrap=critic,  # truncated episodes' rows also hold the state after them
             )
             rows = rows_.rows
             loss_mask = rows.loss_mask
-            if rl.aggregation == "episode_mean":  # each row's weight rides in its loss mask
+            if spec.loss.aggregation == "episode_mean":  # a row's weight rides in its loss mask
                 loss_mask = loss_mask * rl_batch.episode_row_weights(rows.traj_index)[:, None]
             host = {
                 "tokens": rows.tokens,
@@ -98,10 +124,10 @@ class RLUpdate:
         with timing.phase("score"):
             scored = self.learner.score(
                 state.policy,
-                ref_policy if rl.kl_coef > 0 else None,
+                ref_policy if spec.kl.needs_reference else None,
                 state.value,
                 batch,
-                rows_per_chunk=score_rows(cfg),
+                rows_per_chunk=spec.score_rows,
             )
             jax.block_until_ready(scored)  # read next: ``score`` times the program
         batch.update(scored)
@@ -113,14 +139,14 @@ class RLUpdate:
             mismatch = float(np.abs(old - rows.old_logprobs)[on].max())
             metrics = {"rollout/logprob_mismatch": mismatch}
             kl = None
-            if rl.kl_mode == "reward" and ref is not None:  # the estimator the loss mode uses
+            if spec.kl.mode == "reward" and spec.kl.needs_reference:  # the loss mode's estimator
                 kl = np.asarray(
                     kernels.kl_penalty(
-                        old, ref, rows.loss_mask, kind=rl.kl_estimator, clamp=rl.kl_clamp
+                        old, ref, rows.loss_mask, kind=spec.kl.estimator, clamp=spec.kl.clamp
                     )
                 )
             adv, returns = rl_batch.advantages(
-                rows_, len(trajs), rl.algo, cfg.advantage_config(), values=values, kl=kl
+                rows_, len(trajs), spec.algo, spec.advantage, values=values, kl=kl
             )
             targets = {"advantages": adv}
             if values is not None:
@@ -131,7 +157,7 @@ class RLUpdate:
         with timing.phase("transfer"):
             batch.update(self.learner.place_batch(targets))
         aux = {}
-        if self.learner.envrl is not None:
+        if spec.envrl is not None:
             with timing.phase("batch"):
                 aux = self.envrl_examples(trajs, max_len=rows.tokens.shape[1])
         return batch, aux, metrics
@@ -144,27 +170,29 @@ class RLUpdate:
         np_rng,
         iteration: int,
     ) -> tuple[TrainState, dict[str, float]]:
-        """``rl.epochs`` shuffles of whole minibatches over ``batch``: one program, one sync.
+        """``spec.epochs`` shuffles of whole minibatches over ``batch``: one program, one sync.
 
         Rows past the last whole minibatch of a shuffle are left out of that epoch.
 
-        ENVRL's weights decay over ``envrl_data.schedule_step``: the RL updates so far, or with
-        ``envrl.horizon`` unset the RL phase's progress (``iteration`` and the fraction done).
+        ENVRL's weights decay over ``envrl_data.schedule_step``: the RL updates so far
+        (``spec.envrl_by_updates``: ``envrl.horizon`` set), else the RL phase's progress
+        (``iteration`` and the fraction done).
         """
-        rl = self.config.rl
-        size = rl.minibatch_size
+        spec = self.spec
+        size = spec.minibatch_size
         num_rows = batch["tokens"].shape[0]
-        num_updates = rl.epochs * (num_rows // size)
-        envrl = self.learner.envrl is not None
+        num_updates = spec.epochs * (num_rows // size)
+        envrl = spec.envrl is not None
         first = int(state.step) if envrl else 0  # RL updates so far (ENVRL's schedule)
+        horizon = spec.envrl.horizon if envrl and spec.envrl_by_updates else 0
         plan, per_update = [], []
         with timing.phase("batch"):
-            for _ in range(rl.epochs):
+            for _ in range(spec.epochs):
                 order = np_rng.permutation(num_rows)
                 for i in range(0, num_rows - size + 1, size):
                     if envrl:
                         step = envrl_data.schedule_step(
-                            self.config.envrl.horizon, iteration, first, len(plan), num_updates
+                            horizon, iteration, first, len(plan), num_updates
                         )
                         per_update.append(aux_minibatch(aux, np_rng, size, step))
                     plan.append(order[i : i + size])
@@ -184,15 +212,6 @@ class RLUpdate:
         out["train/skipped_nonfinite"] = float(np.sum(metrics["train/skipped_nonfinite"]))
         out["train/updates"] = float(len(plan))
         return state, out
-
-
-def score_rows(config: RunConfig) -> int:
-    """Rows per chunk of the old / reference / value passes (``Learner.score``).
-
-    A microbatch's when the config sets one (the activation memory a train step is sized for),
-    else a minibatch's.
-    """
-    return config.rl.microbatch_size or config.rl.minibatch_size
 
 
 def aux_minibatch(aux: dict[str, Any], np_rng, size: int, step: float) -> dict[str, np.ndarray]:

@@ -29,13 +29,13 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax import kernels, sharding
+from agentrl_jax import sharding
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.rl import sft_data
-from agentrl_jax.rl.learner import Learner, LossWeights
+from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rollout import tasks as tasks_lib
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.chat_template import ChatTemplate
@@ -54,37 +54,25 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int = 1) -> Learner:
-    """The RL Learner of a run: Adam for actor and critic, the configured losses and weights.
+    """The RL Learner of a run: Adam for actor and critic, the losses and weights of the run's
+    RL spec (``config.rl_spec``, resolved here once; the Learner keeps it as ``learner.spec``,
+    which ``RLUpdate`` and the trainer's reference read).
 
     ``num_iterations``: the run's RL iterations, the ENVRL weights' horizon when
     ``envrl.horizon`` is 0 (the schedule then steps by RL-phase progress, see ``RLUpdate``).
     """
-    rl = config.rl
-    actor_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.actor_lr))
-    critic_tx = optax.chain(optax.clip_by_global_norm(rl.max_grad_norm), optax.adam(rl.critic_lr))
-    envrl = None
-    if config.envrl.enabled:
-        envrl = kernels.EnvrlConfig(
-            sp_weight=config.envrl.sp_weight,
-            id_weight=config.envrl.id_weight,
-            horizon=config.envrl.horizon or num_iterations,
-        )
+    spec = config.rl_spec(num_iterations)
+    max_norm = spec.max_grad_norm
+    actor_tx = optax.chain(optax.clip_by_global_norm(max_norm), optax.adam(spec.actor_lr))
+    critic_tx = optax.chain(optax.clip_by_global_norm(max_norm), optax.adam(spec.critic_lr))
     return Learner(
         policy,
         critic,
         actor_tx,
         critic_tx if critic is not None else None,
-        loss_config=config.loss_config(),
-        policy_loss=rl.loss,
-        weights=LossWeights(
-            value=rl.value_coef,
-            kl=rl.kl_coef if rl.kl_mode == "loss" else 0.0,
-            entropy=rl.entropy_coef,
-        ),
-        envrl=envrl,
-        temperature=rl.temperature,
+        spec=spec,
         logits_chunk=config.model.logits_chunk,
-        microbatch_size=rl.microbatch_size or None,
+        microbatch_size=spec.microbatch_size or None,
         mesh=mesh,
     )
 

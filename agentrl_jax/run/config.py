@@ -21,17 +21,22 @@ import ml_collections
 
 from agentrl_jax import kernels
 from agentrl_jax.models.config import PRESETS, REMAT_POLICIES
+from agentrl_jax.rl import spec as spec_lib
+from agentrl_jax.rl.spec import RLSpec
 from agentrl_jax.rollout.curriculum import CurriculumConfig
 from agentrl_jax.rollout.rollout import RolloutConfig
 from agentrl_jax.run import budget as budget_lib
 
 DTYPES = ("float32", "bfloat16")
 REWARDS = ("sparse", "dense")
-KL_MODES = ("loss", "reward")
+KL_MODES = spec_lib.KL_MODES
 # Which train games RL draws from: all of them, or those no SFT demonstration used.
 TASK_POOLS = ("all", "unseen")
 # Chat templates (rollout/chat.py): fixed layouts, or the checkpoint's own jinja template.
 TEMPLATES = ("checkpoint", "plain", "qwen")
+# Where the RL section's defaults are declared (RLSection's docstring).
+_SPEC = RLSpec()
+_ADVANTAGE, _LOSS, _WEIGHTS, _KL = _SPEC.advantage, _SPEC.loss, _SPEC.weights, _SPEC.kl
 
 
 class ConfigError(ValueError):
@@ -263,40 +268,45 @@ class BudgetSection:
 
 @dataclasses.dataclass(frozen=True)
 class RLSection:
-    algo: str = "grpo"  # a registered advantage estimator (kernels.advantage_estimators())
-    loss: str = "ppo"  # a registered policy loss (kernels.policy_losses())
+    """``config.rl``. Each default that the learner's math reads is declared once, where the
+    setting is defined (``rl/spec.py``: the RL spec, its KL part and loss weights;
+    ``kernels/config.py``: the estimators' and losses' configs) and only named here;
+    ``base_config()`` lists the values."""
+
+    algo: str = _SPEC.algo  # a registered advantage estimator (kernels.advantage_estimators())
+    loss: str = _SPEC.policy_loss  # a registered policy loss (kernels.policy_losses())
     tasks_per_iteration: int = 8
-    epochs: int = 1
-    minibatch_size: int = 16
+    epochs: int = _SPEC.epochs
+    minibatch_size: int = _SPEC.minibatch_size
     # Rows per microbatch of a minibatch (gradient accumulation inside the jitted step: memory is
     # set by the microbatch, the update is the minibatch's); a divisor of minibatch_size, or 0
     # (or None) for the whole minibatch at once.
-    microbatch_size: int | None = 0
-    actor_lr: float = 2e-4
-    critic_lr: float = 1e-3
-    max_grad_norm: float = 1.0
-    gamma: float = 1.0
-    lam: float = 0.95
-    norm_by_std: bool = True
-    step_weight: float = 1.0
-    kl_coef: float = 0.0
+    microbatch_size: int | None = _SPEC.microbatch_size
+    actor_lr: float = _SPEC.actor_lr
+    critic_lr: float = _SPEC.critic_lr
+    max_grad_norm: float = _SPEC.max_grad_norm
+    gamma: float = _ADVANTAGE.gamma
+    lam: float = _ADVANTAGE.lam
+    norm_by_std: bool = _ADVANTAGE.norm_by_std
+    step_weight: float = _ADVANTAGE.step_weight
+    kl_coef: float = _KL.coef
     # "loss": a KL term in the loss; "reward": a per-token reward penalty (an estimator that
     # takes it: registered with kl_reward=True).
-    kl_mode: str = "loss"
-    entropy_coef: float = 0.0
-    value_coef: float = 0.5
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
+    kl_mode: str = _KL.mode
+    entropy_coef: float = _WEIGHTS.entropy
+    value_coef: float = _WEIGHTS.value
+    clip_low: float = _LOSS.clip_low
+    clip_high: float = _LOSS.clip_high
+    dual_clip: float | None = _LOSS.dual_clip
     ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
-    aggregation: str = "token_mean"  # "episode_mean": every episode weighs alike, step rows too
-    value_clip: float | None = 0.2  # None: unclipped value loss
-    kl_estimator: str = "k3"  # KL to the reference: "k1", "k2" or "k3" (as a loss or a reward)
+    aggregation: str = _LOSS.aggregation  # "episode_mean": every episode weighs alike
+    value_clip: float | None = _LOSS.value_clip  # None: unclipped value loss
+    kl_estimator: str = _KL.estimator  # KL to the reference: "k1", "k2" or "k3" (either mode)
     # The frozen KL reference's parameters: "float32" (a copy of the policy as RL starts) or
     # "bfloat16" (half the memory a chip holds beside every program of the RL phase).
-    reference_dtype: str = "float32"
-    kl_clamp: float | None = None  # clamp of the per-token KL estimate
-    temperature: float = 1.0  # > 0: rollouts sample (the learner divides the logits by it)
+    reference_dtype: str = _KL.reference_dtype
+    kl_clamp: float | None = _KL.clamp  # clamp of the per-token KL estimate
+    temperature: float = _SPEC.temperature  # > 0: rollouts sample (the learner divides by it)
     # RL rollouts sample the whole softmax: the learner's log-probs model no truncation, so only
     # 1.0 and 0 are accepted (kept as fields so a config naming them keeps working).
     top_p: float = 1.0
@@ -308,7 +318,7 @@ class RLSection:
         _choice("config.rl.loss", self.loss, kernels.policy_losses())
         _choice("config.rl.kl_mode", self.kl_mode, KL_MODES)
         _choice("config.rl.task_pool", self.task_pool, TASK_POOLS)
-        _choice("config.rl.reference_dtype", self.reference_dtype, ("float32", "bfloat16"))
+        _choice("config.rl.reference_dtype", self.reference_dtype, spec_lib.REFERENCE_DTYPES)
         for name in ("actor_lr", "critic_lr", "max_grad_norm"):
             _positive(f"config.rl.{name}", getattr(self, name))
         for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
@@ -340,17 +350,9 @@ class RLSection:
                 "or an estimator registered with kl_reward=True: "
                 f"{[n for n in kernels.advantage_estimators() if _takes_kl(n)]})"
             )
-        try:
-            kernels.AdvantageConfig(gamma=self.gamma, lam=self.lam, step_weight=self.step_weight)
-            kernels.LossConfig(
-                clip_low=self.clip_low,
-                clip_high=self.clip_high,
-                dual_clip=self.dual_clip,
-                aggregation=self.aggregation,
-                value_clip=self.value_clip,
-                kl_estimator=self.kl_estimator,
-                kl_clamp=self.kl_clamp,
-            )
+        try:  # the kernels' own checks, on the configs the spec will hold
+            spec_lib.advantage_config(self)
+            spec_lib.loss_config(self)
         except ValueError as e:
             raise ConfigError(f"config.rl: {e}") from e
 
@@ -516,39 +518,36 @@ class RunConfig:
                 "env's admissible commands on)"
             )
 
+    def rl_spec(self, num_iterations: int = 1) -> RLSpec:
+        """The run's RL settings, resolved once (``rl/spec.py``): what the learner, the RL
+        update, the frozen reference, the memory plan and the benchmarks read.
+
+        ``num_iterations``: the run's RL iterations, the ENVRL weights' horizon when
+        ``envrl.horizon`` is 0.
+        """
+        return RLSpec.from_sections(
+            self.rl,
+            self.envrl,
+            context_mode=self.rollout.context_mode,
+            num_iterations=num_iterations,
+        )
+
     @property
     def needs_critic(self) -> bool:
-        return kernels.get_advantage_spec(self.rl.algo).needs_values
+        return self.rl_spec().needs_critic
 
     def advantage_config(self) -> kernels.AdvantageConfig:
-        rl = self.rl
-        return kernels.AdvantageConfig(
-            gamma=rl.gamma,
-            lam=rl.lam,
-            norm_by_std=rl.norm_by_std,
-            step_weight=rl.step_weight,
-            kl_coef=rl.kl_coef if rl.kl_mode == "reward" else 0.0,
-        )
+        """The spec's ``advantage`` (``rl_spec().advantage``)."""
+        return self.rl_spec().advantage
 
     @property
     def ratio_level(self) -> str:
         """``rl.ratio_level``, or with "auto" the one the estimator is defined with."""
-        if self.rl.ratio_level == "auto":
-            return kernels.get_advantage_spec(self.rl.algo).ratio_level
-        return self.rl.ratio_level
+        return self.rl_spec().loss.ratio_level
 
     def loss_config(self) -> kernels.LossConfig:
-        rl = self.rl
-        return kernels.LossConfig(
-            clip_low=rl.clip_low,
-            clip_high=rl.clip_high,
-            dual_clip=rl.dual_clip,
-            ratio_level=self.ratio_level,
-            aggregation=rl.aggregation,
-            value_clip=rl.value_clip,
-            kl_estimator=rl.kl_estimator,
-            kl_clamp=rl.kl_clamp,
-        )
+        """The spec's ``loss`` (``rl_spec().loss``)."""
+        return self.rl_spec().loss
 
 
 def _defaults(cls) -> dict[str, Any]:

@@ -205,6 +205,6 @@ def restore_latest(
         if meta.reference and reference:
             ref = checkpointer.restore_frozen(
                 meta.reference,
-                build.reference_copy(template["train"].policy, config.rl.reference_dtype),
+                build.reference_copy(template["train"].policy, learner.spec.kl.reference_dtype),
             )
     return Restored(step, meta, state["train"], ref)

@@ -138,7 +138,7 @@ class Trainer:
             cfg, self.policy, self.critic, self.mesh, num_iterations=self.num_rl_iterations()
         )
         self.rl_update = RLUpdate(
-            cfg,
+            self.learner.spec,
             self.learner,
             self.tokenizer.pad_token_id,
             envrl_examples=functools.partial(
@@ -200,10 +200,12 @@ class Trainer:
 
     def _freeze_reference(self) -> None:
         """The frozen KL reference: the policy as it enters RL, written once (every later
-        checkpoint names it instead of holding another copy). None when the KL weight is 0."""
-        if self.config.rl.kl_coef <= 0:
+        checkpoint names it instead of holding another copy). None when the spec's KL needs no
+        reference (its weight is 0)."""
+        kl = self.learner.spec.kl
+        if not kl.needs_reference:
             return
-        self.ref_policy = reference_copy(self.state.policy, self.config.rl.reference_dtype)
+        self.ref_policy = reference_copy(self.state.policy, kl.reference_dtype)
         self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
