@@ -65,13 +65,21 @@ def _evaluate(
     """``policy`` played greedily on every held-out level of ``parts``, as the trainer's
     evaluations play them: a report per level under WORKDIR/eval, the metrics and results back.
     """
+    from flax import nnx
+
     from agentrl_jax.run import build, multihost
     from agentrl_jax.run.watchdog import Watchdog
 
     config = parts.config
     sets = [("eval", level, tasks) for level, tasks in parts.eval_tasks.items()]
     with Watchdog(config.watchdog_s).guard(f"evaluation {name}"):
-        build.sync_sampler(parts.sampler, policy, parts.policy.cfg.dtype, parts.local_mesh)
+        build.sync_sampler(
+            parts.sampler,
+            policy,
+            parts.policy.cfg.dtype,
+            parts.local_mesh,
+            graphdef=nnx.split(build.rl_policy(config, parts.policy))[0],
+        )
         try:
             metrics, results = eval_report.evaluate_sets(
                 parts.worker,
@@ -105,7 +113,9 @@ def _evaluate_latest(config, workdir: str, name: str):
                 config,
                 policy=parts.policy,
                 critic=critic,
-                learner=build.rl_learner(config, parts.policy, critic, parts.mesh),
+                learner=build.rl_learner(
+                    config, build.rl_policy(config, parts.policy), critic, parts.mesh
+                ),
                 mesh=parts.mesh,
                 reference=False,  # not played
             )

@@ -70,6 +70,11 @@ with open(SNAPSHOT) as _f:
             "watchdog_s": 0.0,
             "compile_cache": "",  # issue #30: the persistent compilation cache's folder
             "rl.reference_dtype": "float32",
+            # issue #32: LoRA for the RL phase, off (rank 0) unless asked for.
+            "model.lora.rank": 0,
+            "model.lora.alpha": 8.0,
+            "model.lora.dropout": 0.0,
+            "model.lora.targets": "all",
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()
@@ -263,3 +268,31 @@ def test_env_declares_whether_it_lists_admissible_commands():
     cd = _config(env=dict(name="swe", kwargs=dict(path="x.jsonl")))
     with pytest.raises(ConfigError, match="config.env.name='swe' with config.env.kwargs="):
         from_config_dict(cd)
+
+
+def test_lora_section_is_validated_naming_the_field():
+    """``config.model.lora``: rank 0 (off) by default; its fields checked, each error naming it."""
+    off = from_config_dict(base_config())
+    assert off.model.lora == config_lib.LoraSection() and off.model.lora.lora_config() is None
+    cd = base_config()
+    cd.model.lora.rank = 4
+    cd.model.lora.alpha = 16
+    cd.model.lora.targets = "v, q"
+    run = from_config_dict(cd)
+    assert (run.model.lora.rank, run.model.lora.alpha, run.model.lora.targets) == (4, 16.0, "q,v")
+    lora = run.model.lora.lora_config()
+    assert (lora.rank, lora.scale, lora.targets) == (4, 4.0, ("q", "v"))
+    # A saved config.json round-trips (the section as a dict of its fields).
+    assert from_config_dict(ml_collections.ConfigDict(json.loads(json.dumps(cd.to_dict())))) == run
+    for key, value, match in [
+        ("rank", -1, r"config.model.lora.rank is -1; expected an int >= 0"),
+        ("alpha", 0, r"config.model.lora.alpha is 0"),
+        ("dropout", 0.1, r"config.model.lora.dropout is 0.1; expected 0"),
+        ("targets", "q,qq", r"config.model.lora.targets is 'q,qq': \['qq'\] not among"),
+        ("targets", "q,q", r"config.model.lora.targets is 'q,q': repeated"),
+        ("bogus", 1, r"config.model.lora: unknown field\(s\) \['bogus'\]"),
+    ]:
+        cd = base_config()
+        cd.model.lora[key] = value
+        with pytest.raises(ConfigError, match=match):
+            from_config_dict(cd)

@@ -26,6 +26,15 @@ the LM head ``logits_chunk`` positions at a time, each chunk recomputed in the b
 (``lm_head.token_stats``); ``lm_head.token_logprobs`` and ``lm_head.mask_to_allowed`` are the
 plain formulas it reproduces.
 
+LoRA (a policy whose ``cfg.lora`` is set, ``models/lora.py``): ``state.policy`` still holds every
+parameter (the adapters and the frozen base, each in its own dtype), but only the adapters
+(``nnx.LoRAParam``) train: the steps split the policy's state into adapters and base, differentiate
+the loss with respect to the adapters alone (the base enters as a constant of the traced program,
+so no gradient, accumulator or Adam moment of it exists), and put the updated adapters back
+beside the unchanged base. ``policy_opt`` holds the adapters' moments only. The frozen KL
+reference of a LoRA policy is its base without the adapters (:meth:`base_state`, the state's own
+arrays: no copy), scored with the base model's graph.
+
 Alignment: ``logprobs[:, t]`` is log pi(tokens[t] | tokens[<t]), taken from the logits at t - 1,
 and ``values[:, t]`` is the critic's value of the prefix tokens[<t] (also read at t - 1), so both
 line up with the token they score; column 0 (never an action token) is 0.
@@ -144,6 +153,13 @@ class Learner:
         self.microbatch_size = int(microbatch_size or 0)
         self.logits_chunk = int(logits_chunk)
         self.policy_graphdef, _ = nnx.split(policy)
+        # LoRA: only the adapters train; the reference is the base model, scored with its graph.
+        self.lora = getattr(getattr(policy, "cfg", None), "lora", None) is not None
+        self.base_graphdef = None
+        if self.lora:
+            from agentrl_jax.models import lora as lora_lib
+
+            self.base_graphdef = nnx.split(lora_lib.base_model(policy))[0]
         self.value_graphdef = None if value_model is None else nnx.split(value_model)[0]
         self.actor_tx = actor_tx
         self.critic_tx = critic_tx
@@ -240,12 +256,31 @@ class Learner:
             self._shardings(abstract),
         )
 
+    def trainable(self, policy_state):
+        """``(trainable, frozen)`` parts of a policy state: the adapters and the base of a LoRA
+        policy; the whole state and None otherwise."""
+        if not self.lora:
+            return policy_state, None
+        return nnx.split_state(policy_state, nnx.LoRAParam, ...)
+
+    def _join(self, trainable, frozen):
+        """The policy state again from :meth:`trainable`'s two parts."""
+        return trainable if frozen is None else nnx.merge_state(trainable, frozen)
+
+    def base_state(self, policy_state):
+        """A LoRA policy's frozen base (its own arrays, no copy): the KL reference of a run whose
+        adapters started at zero. Read it from the current state before each update: a step
+        donates the state's buffers."""
+        if not self.lora:
+            raise ValueError("Learner.base_state: the policy has no LoRA adapters")
+        return self.trainable(policy_state)[1]
+
     def _new_state(self, policy_params, value_params) -> TrainState:
         copy = functools.partial(jax.tree.map, jnp.copy)
         return TrainState(
             step=jnp.zeros((), jnp.int32),
             policy=copy(policy_params),
-            policy_opt=self.actor_tx.init(policy_params),
+            policy_opt=self.actor_tx.init(self.trainable(policy_params)[0]),
             value=None if value_params is None else copy(value_params),
             value_opt=None if value_params is None else self.critic_tx.init(value_params),
         )
@@ -254,18 +289,24 @@ class Learner:
         """Each parameter by the logical-axis rules, its moments alike, the rest replicated."""
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
 
-        def params_and_moments(params, opt, tx):
+        def params_and_moments(params, opt, tx, split=lambda p: (p, None)):
             if params is None:
                 return None, None
             # One sharding per parameter, in the parameters' own tree (Variables and all), so
-            # optax can pair it with each copy of the parameters in the optimizer state.
+            # optax can pair it with each copy of the (trained) parameters in the optimizer state.
             shardings = sharding.leaf_shardings(params, self.mesh)
             moments = optax.tree_map_params(
-                tx, lambda _, s: s, opt, shardings, transform_non_params=lambda _: replicated
+                tx,
+                lambda _, s: s,
+                opt,
+                split(shardings)[0],
+                transform_non_params=lambda _: replicated,
             )
             return shardings, moments
 
-        policy, policy_opt = params_and_moments(abstract.policy, abstract.policy_opt, self.actor_tx)
+        policy, policy_opt = params_and_moments(
+            abstract.policy, abstract.policy_opt, self.actor_tx, self.trainable
+        )
         value, value_opt = params_and_moments(abstract.value, abstract.value_opt, self.critic_tx)
         return TrainState(
             step=replicated, policy=policy, policy_opt=policy_opt, value=value, value_opt=value_opt
@@ -349,8 +390,12 @@ class Learner:
 
     def policy_logprobs_fn(self, policy_state, batch):
         """[B, T] log-probs of the distribution that acted (pure; jitted as
-        :attr:`policy_logprobs`)."""
-        model = nnx.merge(self.policy_graphdef, policy_state)
+        :attr:`policy_logprobs`). A LoRA learner given a state without adapters (the base,
+        :meth:`base_state`) scores the base model."""
+        graphdef = self.policy_graphdef
+        if self.lora and not _has_adapters(policy_state):
+            graphdef = self.base_graphdef
+        model = nnx.merge(graphdef, policy_state)
         return self._rl_stats(model, batch).logprobs
 
     def values_fn(self, value_state, batch):
@@ -439,28 +484,38 @@ class Learner:
 
     def sft_step_fn(self, state: TrainState, batch):
         """One SFT step (pure; jitted as :attr:`sft_step`)."""
+        trainable, frozen = self.trainable(state.policy)
+        forward = self.sft_forward
+        if frozen is not None:  # LoRA: the base is a constant, the adapters are differentiated
+            forward = lambda p, b: self.sft_forward(self._join(p, frozen), b)  # noqa: E731
         loss, grads, metrics = losses.loss_and_grads(
-            self.sft_forward, losses.sft_terms, state.policy, batch, self.microbatch_size
+            forward, losses.sft_terms, trainable, batch, self.microbatch_size
         )
-        policy, policy_opt, ok, gnorm = losses.apply_update(
-            self.actor_tx, loss, grads, state.policy, state.policy_opt
+        trainable, policy_opt, ok, gnorm = losses.apply_update(
+            self.actor_tx, loss, grads, trainable, state.policy_opt
         )
+        policy = self._join(trainable, frozen)
         metrics.update({"train/grad_norm": gnorm, "train/skipped_nonfinite": 1.0 - ok})
         new = state.replace(step=state.step + 1, policy=policy, policy_opt=policy_opt)
         return new, metrics
 
     def rl_step_fn(self, state: TrainState, batch):
         """One RL step on a minibatch (pure; jitted as :attr:`rl_step`)."""
-        params = (state.policy, state.value)
+        trainable, frozen = self.trainable(state.policy)
+        forward = self.rl_forward
+        if frozen is not None:  # LoRA: the base is a constant, the adapters are differentiated
+            forward = lambda p, b: self.rl_forward((self._join(p[0], frozen), p[1]), b)  # noqa: E731
+        params = (trainable, state.value)
         loss, (g_pol, g_val), metrics = losses.loss_and_grads(
-            self.rl_forward, self.rl_terms, params, batch, self.microbatch_size
+            forward, self.rl_terms, params, batch, self.microbatch_size
         )
         finite = jnp.isfinite(loss) & losses.all_finite(g_pol)
         if state.value is not None:
             finite = finite & losses.all_finite(g_val)
-        policy, policy_opt, _, gnorm = losses.apply_update(
-            self.actor_tx, loss, g_pol, state.policy, state.policy_opt, finite
+        trainable, policy_opt, _, gnorm = losses.apply_update(
+            self.actor_tx, loss, g_pol, trainable, state.policy_opt, finite
         )
+        policy = self._join(trainable, frozen)
         metrics["train/grad_norm"] = gnorm
         value, value_opt = state.value, state.value_opt
         if state.value is not None:
@@ -514,6 +569,10 @@ class Learner:
 
 def _params(module: nnx.Module | None):
     return None if module is None else nnx.state(module, nnx.Param)
+
+
+def _has_adapters(state) -> bool:
+    return any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(state))
 
 
 def _batch_axes(shape) -> tuple[str | None, ...]:

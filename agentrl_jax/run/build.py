@@ -4,6 +4,7 @@
       (checked across hosts), the chat template, the policy, the sampler and the rollout worker
     rl_learner / sft_learner: the learners of the two phases; critic: the value model
     reference_copy: the frozen KL reference; sync_sampler: the sampler's copy of the policy
+    rl_policy: the policy as RL trains it (with LoRA adapters when ``model.lora.rank`` > 0)
 
 The trainer (``run/trainer.py``) builds its parts here, then adds what only training needs (the
 learners, the RL update, checkpoints, TensorBoard). ``launch.eval`` builds the same parts to play
@@ -75,6 +76,19 @@ def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int
         microbatch_size=spec.microbatch_size or None,
         mesh=mesh,
     )
+
+
+def rl_policy(config: RunConfig, policy: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+    """The policy as the RL phase trains it: ``policy`` itself, or with ``model.lora.rank`` > 0
+    ``policy`` with fresh LoRA adapters (``lora.apply_lora``: A drawn from the run's seed, B at
+    zero, so it computes exactly what ``policy`` does; the base arrays are shared, not copied).
+
+    The RL learner (``rl_learner``), the RL state (``Learner.init``) and its restore target
+    (``state.restore_latest``) are built from it; SFT trains ``policy`` in full.
+    """
+    from agentrl_jax.models import lora
+
+    return lora.apply_lora(policy, config.model.lora.lora_config(), seed=config.seed)
 
 
 def model_config(config: RunConfig, vocab_size: int | None = None) -> ModelConfig:
@@ -153,11 +167,22 @@ def casts(tree: Any, dtype: Any) -> bool:
     return any(d != np.dtype(dtype) for d in floating)
 
 
-def sync_sampler(sampler: Sampler, policy: Any, dtype: Any, local: Mesh | None = None) -> None:
+def sync_sampler(
+    sampler: Sampler,
+    policy: Any,
+    dtype: Any,
+    local: Mesh | None = None,
+    graphdef: nnx.GraphDef | None = None,
+) -> None:
     """Gives ``sampler`` the policy's parameters ``policy`` (the train state's) in ``dtype``.
 
     The sampler's previous copy is released first (its arrays deleted when it owns them), so
     two copies never coexist. Then:
+
+    - a LoRA policy (``policy`` holds ``nnx.LoRAParam`` adapters; ``graphdef`` is its graph,
+      the learner's ``policy_graphdef``): the merged weights ``W + A B alpha / r`` in ``dtype``
+      (``lora.merge``: one program, summed in f32), a plain model's state owned by the sampler
+      (multi-host: then copied to the local devices, and the merged copy dropped);
 
     - multi-host (``local``: this process's mesh): a copy in ``dtype`` split over the local
       devices (``multihost.local_copy``), owned by the sampler;
@@ -168,7 +193,16 @@ def sync_sampler(sampler: Sampler, policy: Any, dtype: Any, local: Mesh | None =
       borrowed, no copy.
     """
     sampler.release()
-    if local is not None:
+    if any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(policy)):
+        from agentrl_jax.models import lora
+
+        if graphdef is None:
+            raise ValueError("sync_sampler: a LoRA policy's state needs its graphdef to merge")
+        merged = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
+        if local is not None:
+            merged = multihost.local_copy(merged, local, dtype)
+        sampler.set_state(merged, owned=True)
+    elif local is not None:
         sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
     elif casts(policy, dtype):
         sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)

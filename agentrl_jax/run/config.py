@@ -102,6 +102,71 @@ def _mapping(**kwargs) -> dataclasses.Field:
 
 
 @dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """``config.model.lora``: low-rank adapters on the policy (``models/lora.py``; rank 0: off).
+
+    With ``rank`` > 0 the RL phase trains adapters only: they are applied to the policy as it
+    enters RL (after the full-parameter SFT, or on the checkpoint's weights when SFT has no
+    steps), B at zero, so RL starts from exactly the SFT policy; the base stays frozen in its own
+    dtype, and the KL reference is that base. SFT stays a full fine-tune.
+    """
+
+    rank: int = 0  # the adapters' inner width; 0 turns LoRA off
+    alpha: float = 8.0  # the scale's numerator: adapters add x A B * alpha / rank
+    dropout: float = 0.0  # only 0 in a run for now (the learner passes no dropout key)
+    targets: str = "all"  # some of q,k,v,o,gate,up,down (comma-separated), or "all"
+
+    def __post_init__(self):
+        from agentrl_jax.models.config import LORA_TARGETS
+
+        _integer("config.model.lora.rank", self.rank, 0)
+        _positive("config.model.lora.alpha", self.alpha)
+        _number(
+            "config.model.lora.dropout",
+            self.dropout,
+            lambda v: v == 0,
+            "0 (LoRA dropout is not applied in training runs yet)",
+        )
+        targets = self.targets
+        if isinstance(targets, (list, tuple)):
+            targets = ",".join(str(t) for t in targets)
+        if not isinstance(targets, str) or not targets.strip():
+            raise ConfigError(
+                f"config.model.lora.targets is {self.targets!r}; expected some of "
+                f"{list(LORA_TARGETS)}, comma-separated, or 'all'"
+            )
+        if targets.strip() != "all":
+            names = [t.strip() for t in targets.split(",")]
+            unknown = [t for t in names if t not in LORA_TARGETS]
+            if unknown or len(set(names)) != len(names):
+                raise ConfigError(
+                    f"config.model.lora.targets is {self.targets!r}: "
+                    + (f"{unknown} not among" if unknown else "repeated names; expected some of")
+                    + f" the projections {list(LORA_TARGETS)} (comma-separated), or 'all'"
+                )
+            targets = ",".join(t for t in LORA_TARGETS if t in names)
+        object.__setattr__(self, "targets", targets.strip())
+
+    def lora_config(self):
+        """The model's ``LoraConfig``, or None when ``rank`` is 0."""
+        from agentrl_jax.models.config import LoraConfig
+
+        if self.rank == 0:
+            return None
+        return LoraConfig(
+            rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=self.targets
+        )
+
+
+_LORA = "config.model.lora"
+
+
+def _section_field(cls) -> dataclasses.Field:
+    """A nested section (``config.model.lora``), a dict of its own fields in the config."""
+    return dataclasses.field(default_factory=cls, metadata={"section": cls})
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelSection:
     preset: str = "tiny"
     checkpoint: str = ""  # a local Hugging Face directory; empty: a fresh preset model
@@ -119,8 +184,12 @@ class ModelSection:
     # backward pass), so its logits peak at [B, logits_chunk, V], never [B, T, V].
     logits_chunk: int = 256
     overrides: tuple[tuple[str, Any], ...] = _mapping()  # preset fields to change: num_layers=2
+    # LoRA adapters for the RL phase (LoraSection); rank 0, the default: full fine-tuning.
+    lora: LoraSection = _section_field(LoraSection)
 
     def __post_init__(self):
+        if not isinstance(self.lora, LoraSection):  # a dict, or its sorted (key, value) pairs
+            object.__setattr__(self, "lora", _section(LoraSection, dict(self.lora), _LORA))
         if not self.checkpoint:
             _choice("config.model.preset", self.preset, PRESETS)
         _choice("config.model.dtype", self.dtype, DTYPES)
@@ -561,6 +630,8 @@ def _defaults(cls) -> dict[str, Any]:
             value = f.default_factory()
         else:
             continue
+        if "section" in f.metadata:
+            value = _defaults(f.metadata["section"])
         out[f.name] = dict(value) if f.metadata.get("mapping") else value
     return out
 
@@ -590,6 +661,10 @@ def _section(cls, cd, path: str):
         raise ConfigError(f"{path}: unknown field(s) {unknown}; valid fields: {sorted(fields)}")
     out = {}
     for name, value in values.items():
+        if "section" in fields[name].metadata:
+            sub = fields[name].metadata["section"]
+            out[name] = value if isinstance(value, sub) else _section(sub, value, f"{path}.{name}")
+            continue
         if isinstance(value, (list, tuple)):
             value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
         elif hasattr(value, "items"):

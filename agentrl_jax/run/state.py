@@ -194,7 +194,8 @@ def restore_latest(
         sft = build.sft_learner(config, policy, 1, mesh)
         template = {"train": sft.abstract_state(policy)}
     else:
-        template = {"train": learner.abstract_state(policy, critic)}
+        # With LoRA the RL state holds the adapters too (build.rl_policy: fresh ones, shapes only).
+        template = {"train": learner.abstract_state(build.rl_policy(config, policy), critic)}
         if saved.has_ref:  # written before the reference was saved once
             template["ref"] = template["train"].policy
     state, raw = checkpointer.restore(step, template)

@@ -134,8 +134,14 @@ class Trainer:
         # The trainer's own: replaced by one grown from the SFT policy when SFT ends.
         self.critic = build.critic(cfg, self.policy)
         self.budget = budget_lib.from_config(cfg.budget)
+        # The RL learner of the policy as RL trains it: with LoRA (model.lora.rank > 0), the
+        # adapters only (build.rl_policy; SFT trains the whole policy).
         self.learner = rl_learner(
-            cfg, self.policy, self.critic, self.mesh, num_iterations=self.num_rl_iterations()
+            cfg,
+            build.rl_policy(cfg, self.policy),
+            self.critic,
+            self.mesh,
+            num_iterations=self.num_rl_iterations(),
         )
         self.rl_update = RLUpdate(
             self.learner.spec,
@@ -201,9 +207,11 @@ class Trainer:
     def _freeze_reference(self) -> None:
         """The frozen KL reference: the policy as it enters RL, written once (every later
         checkpoint names it instead of holding another copy). None when the spec's KL needs no
-        reference (its weight is 0)."""
+        reference (its weight is 0), and with LoRA: the reference is then the policy's base
+        without its adapters, which started at zero (``Learner.base_state`` of the current
+        state, read each iteration: no copy, nothing written)."""
         kl = self.learner.spec.kl
-        if not kl.needs_reference:
+        if not kl.needs_reference or self.learner.lora:
             return
         self.ref_policy = reference_copy(self.state.policy, kl.reference_dtype)
         self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
@@ -268,7 +276,26 @@ class Trainer:
         if self.run_state.phase == "rl":
             self.run_rl()
         self.checkpointer.wait()
+        if self.run_state.phase == "done" and self.learner.lora:
+            self.export_adapter()
         return self.run_state.evals
+
+    def export_adapter(self) -> str:
+        """With LoRA: the trained adapters in PEFT's format, ``WORKDIR/adapter``
+        (``adapter_config.json``, ``adapter_model.safetensors``; ``models/peft.py``), for
+        ``peft.PeftModel.from_pretrained`` on the base. The base is the policy as RL started
+        (the SFT policy; the checkpoint's weights when SFT had no steps), so the adapter applies
+        to ``model.checkpoint`` itself only when SFT did not change it. Returns the directory."""
+        from agentrl_jax.models import peft
+
+        out = os.path.join(self.workdir, "adapter")
+        peft.save_peft_adapter(
+            self.learner.policy_module(self.state),
+            out,
+            base_model_name_or_path=self.config.model.checkpoint or None,
+        )
+        logging.info("LoRA adapter (PEFT format): %s", out)
+        return out
 
     def num_rl_iterations(self) -> int:
         """RL iterations the budget's RL episodes pay for."""
@@ -311,7 +338,8 @@ class Trainer:
                 self.critic = build.critic(cfg, self.policy)
         # The SFT moments go before the RL state (policy, critic, their moments) is made.
         self.sft_state = self.sft_learner = None
-        self.state = self.learner.init(self.policy, self.critic)
+        # With LoRA, the RL state is the SFT policy with fresh adapters (B = 0: the same policy).
+        self.state = self.learner.init(build.rl_policy(cfg, self.policy), self.critic)
         metrics = self.evaluate("after_sft", report=True)
         self.writer.scalars(metrics, 0)
         self._freeze_reference()
@@ -452,7 +480,10 @@ class Trainer:
             return metrics
 
         t1 = time.perf_counter()
-        self.state, update_metrics = self.rl_update(self.state, self.ref_policy, good, np_rng, it)
+        ref = self.ref_policy
+        if self.learner.lora and self.learner.spec.kl.needs_reference:
+            ref = self.learner.base_state(self.state.policy)  # the state's own base arrays
+        self.state, update_metrics = self.rl_update(self.state, ref, good, np_rng, it)
         t_update = time.perf_counter() - t1
         with timing.phase("log"):
             self.curriculum.update([t.won for t in good])
@@ -487,8 +518,14 @@ class Trainer:
     def _sync_sampler(self) -> None:
         """Gives the sampler the current policy (``sync_sampler``)."""
         policy = (self.state if self.sft_state is None else self.sft_state).policy
-        with timing.phase("sync"):
-            sync_sampler(self.sampler, policy, self.policy.cfg.dtype, self.local_mesh)
+        with timing.phase("sync"):  # a LoRA policy: its merged weights (the learner's graph)
+            sync_sampler(
+                self.sampler,
+                policy,
+                self.policy.cfg.dtype,
+                self.local_mesh,
+                graphdef=self.learner.policy_graphdef,
+            )
 
     def evaluate(self, name: str, *, report: bool = False) -> dict[str, float]:
         """Greedy episodes on every held-out level: reports under workdir/eval, metrics back.

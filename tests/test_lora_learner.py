@@ -1,0 +1,97 @@
+"""LoRA in the learner: only the adapters train and have Adam moments; the base stays bit for bit,
+and the KL reference is the base without adapters (no copy)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, lora
+from agentrl_jax.models.config import LoraConfig
+from agentrl_jax.rl.learner import Learner, LossWeights
+from tests.test_learner import CFG, _batch, _rl_inputs
+
+
+def _flat(state):
+    return {path: (type(v), np.asarray(v.get_value())) for path, v in nnx.to_flat_state(state)}
+
+
+def _lora_learner(critic=False, **kwargs):
+    base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    policy = lora.apply_lora(base, LoraConfig(rank=4, alpha=8.0), seed=3)
+    value = Qwen2ValueModel.from_policy(base, rngs=nnx.Rngs(1)) if critic else None
+    tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
+    learner = Learner(policy, value, tx, optax.adam(1e-2) if critic else None, **kwargs)
+    return base, policy, value, learner
+
+
+def test_lora_rl_step_trains_adapters_only_with_moments_for_adapters_only():
+    base, policy, value, learner = _lora_learner(
+        critic=True, weights=LossWeights(value=0.5, kl=0.1, entropy=0.01)
+    )
+    state = learner.init(policy, value)
+    adapter_paths = {p for p, v in nnx.to_flat_state(state.policy) if isinstance(v, nnx.LoRAParam)}
+    assert adapter_paths and len(adapter_paths) < len(nnx.to_flat_state(state.policy))
+    # Adam moments (mu, nu) exist for the adapters alone: as many arrays of the adapters' shapes.
+    moments = [x for x in jax.tree.leaves(state.policy_opt) if np.ndim(x) > 0]
+    adapter_shapes = sorted(
+        v.get_value().shape for p, v in nnx.to_flat_state(state.policy) if p in adapter_paths
+    )
+    assert sorted(m.shape for m in moments) == sorted(adapter_shapes * 2)
+    before = _flat(state.policy)
+    batch = _rl_inputs(learner, state, _batch())
+    # The reference is the base: with B = 0 it scores what the policy does, bit for bit.
+    ref = learner.policy_logprobs(learner.base_state(state.policy), batch)
+    np.testing.assert_array_equal(np.asarray(ref), np.asarray(batch["old_logprobs"]))
+    for _ in range(3):
+        state, metrics = learner.rl_step(state, batch)
+        assert float(metrics["train/skipped_nonfinite"]) == 0.0
+    after = _flat(state.policy)
+    assert after.keys() == before.keys()
+    moved = set()
+    for path, (kind, value) in after.items():
+        assert value.dtype == before[path][1].dtype, path
+        if path in adapter_paths:
+            assert kind is nnx.LoRAParam
+            if not np.array_equal(value, before[path][1]):
+                moved.add(path)
+        else:  # the frozen base: bit for bit
+            np.testing.assert_array_equal(value, before[path][1], err_msg=str(path))
+    assert moved  # B moves from the first step, A from the second
+    assert any(p[-1].startswith(("q_lora_b", "up_lora_b", "gate_lora_b")) for p in moved)
+    # The critic stays a full model and trains.
+    assert int(state.step) == 3
+
+
+def test_lora_sft_step_trains_adapters_only():
+    _, policy, _, learner = _lora_learner()
+    state = learner.init(policy)
+    before = _flat(state.policy)
+    batch = _batch()
+    for _ in range(3):
+        state, metrics = learner.sft_step(state, batch)
+    after = _flat(state.policy)
+    changed = {p for p in after if not np.array_equal(after[p][1], before[p][1])}
+    assert changed and all(after[p][0] is nnx.LoRAParam for p in changed)
+
+
+def test_merged_lora_policy_scores_like_the_learner():
+    """The sampler's copy (``lora.merge``) gives the learner's log-probs (f32, < 1e-5)."""
+    _, policy, _, learner = _lora_learner()
+    state = learner.init(policy)
+    batch = _batch()
+    state, _ = learner.sft_step(state, batch)
+    state, _ = learner.sft_step(state, batch)
+    model = learner.policy_module(state)
+    merged = lora.merge(model, jnp.float32)
+    plain = Learner(merged, None, optax.adam(1e-2))
+    got = plain.policy_logprobs(nnx.state(merged, nnx.Param), batch)
+    want = learner.policy_logprobs(state.policy, batch)
+    assert float(jnp.abs(got - want).max()) < 1e-5
+    assert (
+        float(
+            jnp.abs(want - learner.policy_logprobs(learner.base_state(state.policy), batch)).max()
+        )
+        > 0
+    )
