@@ -17,7 +17,7 @@ import ml_collections
 import pytest
 
 from agentrl_jax.envs.base import Task
-from agentrl_jax.experiments.compare import compare, logged_scalars
+from agentrl_jax.experiments.compare import compare, final_state, logged_scalars
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run.config import ConfigError, from_config_dict
 from agentrl_jax.run.tensorboard import SummaryWriter, read_scalars
@@ -166,10 +166,15 @@ def compile_cache(tmp_path_factory):
     )
 
 
-def _launch(workdir, cache, compile_cache, **env):
+# The module's LoRA run: the same run with rank-4 adapters on every projection for RL (after the
+# same full SFT), and a KL term, whose reference is then the base without the adapters.
+LORA_FLAGS = ("--config.model.lora.rank=4", "--config.rl.kl_coef=0.05")
+
+
+def _launch(workdir, cache, compile_cache, *extra, **env):
     os.makedirs(workdir, exist_ok=True)
     log = workdir.parent / f"{workdir.name}.log"
-    cmd = train_cli.train_cmd(workdir, *RUN_FLAGS)
+    cmd = train_cli.train_cmd(workdir, *RUN_FLAGS, *extra)
     return train_cli.start(cmd, cache, log, **compile_cache, **env)
 
 
@@ -183,6 +188,56 @@ def reference_run(textworld_games, tmp_path_factory, compile_cache):
     workdir = tmp_path_factory.mktemp("train") / "ref"
     (text,) = train_cli.finish(_launch(workdir, textworld_games["root"], compile_cache))
     return workdir, text
+
+
+@pytest.fixture(scope="module")
+def lora_run(textworld_games, tmp_path_factory, compile_cache):
+    """The reference run with LoRA for RL (``LORA_FLAGS``), uninterrupted."""
+    workdir = tmp_path_factory.mktemp("train") / "lora"
+    (text,) = train_cli.finish(
+        _launch(workdir, textworld_games["root"], compile_cache, *LORA_FLAGS)
+    )
+    return workdir, text
+
+
+def test_lora_run_trains_the_adapters_only_and_exports_them(lora_run, reference_run):
+    """A LoRA run: the same SFT as the full run, then RL moves the adapters only (the base
+    arrays bit for bit as SFT left them, Adam moments for the adapters alone); the sampler's
+    merged copy scores like the learner; the adapters end in PEFT's format in WORKDIR/adapter."""
+    import numpy as np
+
+    workdir, _ = lora_run
+    ref_dir, _ = reference_run
+    # Checkpoint 1: the RL state as RL starts (after SFT); 4: after the last RL iteration.
+    _, start = final_state(workdir, 1)
+    _, full_start = final_state(ref_dir, 1)
+    step, end = final_state(workdir)
+    assert step == 4 and start.keys() == end.keys()
+    policy = [k for k in end if k.startswith("['policy']")]
+    adapters = [k for k in policy if "lora" in k]
+    base = [k for k in policy if "lora" not in k]
+    assert adapters and base
+    for k in base:  # the same SFT, and RL left the base alone
+        np.testing.assert_array_equal(start[k], full_start[k], err_msg=k)
+        np.testing.assert_array_equal(end[k], start[k], err_msg=k)
+    assert any(not np.array_equal(end[k], start[k]) for k in adapters)
+    # B starts at zero: the RL phase starts from exactly the SFT policy.
+    assert all(not start[k].any() for k in adapters if "_lora_b" in k)
+    # Adam's moments (mu and nu) are the adapters' shapes, nothing of the base.
+    moments = sorted(v.shape for k, v in end.items() if k.startswith("['policy_opt']") and v.ndim)
+    assert moments == sorted([end[k].shape for k in adapters] * 2)
+    # The merged copy the sampler played equals the learner's adapters-and-base pass (f32).
+    scalars = read_scalars(str(workdir / "tensorboard"))
+    mismatch = [v for _, v in scalars["rollout/logprob_mismatch"]]
+    assert len(mismatch) == 3 and max(mismatch) < 1e-6, mismatch
+    # The KL reference is the base: 0 before the adapters move (iteration 1).
+    assert abs(_last_by_step(scalars, "losses/kl_ref")[1]) < 1e-6
+    assert not (workdir / "checkpoints" / "reference").exists()  # no copy written
+    config = json.loads((workdir / "adapter" / "adapter_config.json").read_text())
+    assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
+    assert len(config["target_modules"]) == 7
+    assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
+    assert not (ref_dir / "adapter").exists()
 
 
 def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
@@ -311,23 +366,26 @@ KILLS = {
 
 
 @pytest.mark.parametrize(
-    "kill",
+    "kill, lora",
     [
         # The default suite's: the cheapest one that resumes mid-RL from a later checkpoint.
-        "update:2",
-        *(pytest.param(k, marks=pytest.mark.slow) for k in KILLS if k != "update:2"),
+        pytest.param("update:2", False, id="update:2"),
+        *(pytest.param(k, False, marks=pytest.mark.slow, id=k) for k in KILLS if k != "update:2"),
+        # A LoRA run (adapters, their moments, the base in the state) resumes the same way.
+        pytest.param("update:2", True, marks=pytest.mark.slow, id="update:2-lora"),
     ],
 )
 def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
-    kill, reference_run, textworld_games, compile_cache, tmp_path
+    kill, lora, request, textworld_games, compile_cache, tmp_path
 ):
     """A real SIGKILL at ``kill`` (``agentrl_jax/chaos.py``), then the same command again: the
     resumed run restores the checkpoint before the kill and ends with every metric and the whole
     train state of the uninterrupted run, bit for bit (float32 on the CPU)."""
-    ref_dir, _ = reference_run
+    ref_dir, _ = request.getfixturevalue("lora_run" if lora else "reference_run")
+    extra = LORA_FLAGS if lora else ()
     cache = textworld_games["root"]
     run_dir = tmp_path / "run"
-    killed = _launch(run_dir, cache, compile_cache, AGENTRL_CHAOS_KILL=kill)
+    killed = _launch(run_dir, cache, compile_cache, *extra, AGENTRL_CHAOS_KILL=kill)
     ((code, text),) = train_cli.wait_all(killed)
     point, n = kill.split(":")
     assert code == -signal.SIGKILL, text[-4000:]
@@ -339,7 +397,7 @@ def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
         assert not (checkpoints / "2").exists()
 
     # The same command with the same workdir resumes, from before the kill.
-    (text,) = train_cli.finish(_launch(run_dir, cache, compile_cache))
+    (text,) = train_cli.finish(_launch(run_dir, cache, compile_cache, *extra))
     assert KILLS[kill] in text, text[-4000:]
 
     # Every scalar but the timings, the whole final train state and the reports, bit for bit.

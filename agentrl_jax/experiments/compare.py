@@ -41,8 +41,11 @@ def logged_scalars(workdir: str | os.PathLike) -> dict[tuple[str, int], float]:
     }
 
 
-def final_state(workdir: str | os.PathLike) -> tuple[int, dict[str, np.ndarray]]:
-    """(step, {path: array}) of the whole train state in a run's newest checkpoint."""
+def final_state(
+    workdir: str | os.PathLike, step: int | None = None
+) -> tuple[int, dict[str, np.ndarray]]:
+    """(step, {path: array}) of the whole train state in a run's newest checkpoint (or in
+    checkpoint ``step``)."""
     import jax  # noqa: PLC0415 (the scalars alone need neither)
     import orbax.checkpoint as ocp  # noqa: PLC0415
 
@@ -50,7 +53,7 @@ def final_state(workdir: str | os.PathLike) -> tuple[int, dict[str, np.ndarray]]
     steps = [int(p.name) for p in directory.iterdir() if p.name.isdigit()]
     if not steps:
         raise FileNotFoundError(f"{directory}: no checkpoint (expected a launch.train workdir)")
-    step = max(steps)
+    step = max(steps) if step is None else step
     path = directory / str(step) / "state"
     with ocp.PyTreeCheckpointer() as ckpt:
         tree = ckpt.metadata(path).item_metadata.tree
