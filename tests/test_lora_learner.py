@@ -95,3 +95,32 @@ def test_merged_lora_policy_scores_like_the_learner():
         )
         > 0
     )
+
+
+def test_sync_sampler_gives_the_merged_copy_owned_and_released_after():
+    """``build.sync_sampler`` of a LoRA state: the merged weights (a plain model's state, no
+    adapters) owned by the sampler, deleted on release; the train state stays intact."""
+    from agentrl_jax.run import build
+    from agentrl_jax.sampling import Sampler
+
+    base, policy, _, learner = _lora_learner()
+    state = learner.init(policy)
+    batch = _batch()
+    for _ in range(2):  # B and A move
+        state, _ = learner.sft_step(state, batch)
+    sampler = Sampler(base)
+    build.sync_sampler(sampler, state.policy, jnp.float32, graphdef=learner.policy_graphdef)
+    got = nnx.to_flat_state(sampler.state)
+    assert not any(isinstance(v, nnx.LoRAParam) for _, v in got)
+    want = dict(
+        nnx.to_flat_state(
+            nnx.state(lora.merge(learner.policy_module(state), jnp.float32), nnx.Param)
+        )
+    )
+    assert [p for p, _ in got] == list(want)
+    for path, var in got:
+        np.testing.assert_array_equal(var.get_value(), want[path].get_value())
+    held = jax.tree.leaves(sampler.state)
+    sampler.release()
+    assert all(x.is_deleted() for x in held)
+    assert np.isfinite(np.asarray(learner.policy_logprobs(state.policy, batch))).all()
