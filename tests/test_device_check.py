@@ -14,6 +14,9 @@ import tarfile
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# Five minutes of CPU for the dry run alone (two cold and warm iteration benches, parity, the
+# device bench): run before using the script on a device (`bash scripts/test.sh -m slow`).
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")

@@ -320,8 +320,12 @@ def test_console_shows_progress_and_the_log_file_the_library_logs(reference_run)
     assert any("trainer.py" in line and "rl 3/3: success" in line for line in info)
 
 
-def test_eval_entry_point_reports_and_plots(reference_run, textworld_games, compile_cache):
-    workdir, _ = reference_run
+def test_eval_entry_point_reports_and_plots(
+    reference_run, textworld_games, compile_cache, tmp_path
+):
+    # A copy of the reference run: the chaos tests compare their runs' reports with its own.
+    workdir = tmp_path / "ref"
+    shutil.copytree(reference_run[0], workdir)
     # The reference run's compilation cache: its evaluations compiled the same sampler programs.
     env = dict(
         os.environ, AGENTRL_CACHE=str(textworld_games["root"]), XLA_FLAGS="", **compile_cache
