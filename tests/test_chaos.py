@@ -128,6 +128,7 @@ def chaos_trainer(tmp_path_factory):
         pool=killing,
         sampler=sampler,
         worker=RolloutWorker(killing, sampler, tokenizer, template, config.rollout),
+        learner=learner,
         rl_update=RLUpdate(learner.spec, learner, tokenizer.pad_token_id),
         state=learner.init(policy, None),
         sft_state=None,
