@@ -476,10 +476,23 @@ def format_table(plan: dict[str, Any]) -> str:
         f"({copy}): {gib(s['params_bytes'])} {unit} per device (the policy in float32 on every "
         f"device: {gib(s['f32_replica_bytes'])} {unit})",
     ]
+    lora = plan["model"].get("lora")
+    if lora:
+        lines.append(
+            f"LoRA: rank {lora['rank']} on {','.join(lora['targets'])}; Adam moments for the "
+            "adapters alone; the KL reference is the policy's own base (no copy); the sampler's "
+            "copy is the merged weights."
+        )
+    shared = [p for p in plan["programs"] if p["per_device_bytes"].get("shared")]
     lines += [
         "",
         f"{unit} per device; total = args + outputs + temps - aliased; peak = total + resident "
         "(arrays the run holds outside the program's arguments).",
+        *(
+            f"{p['name']}: total less {gib(p['per_device_bytes']['shared'])} {unit}, the base "
+            "passed twice (as the policy's and as the KL reference), the same buffers."
+            for p in shared
+        ),
         f"largest program: {plan['largest']} ({gib(peak)} {unit} per device at its peak)",
     ]
     return "\n".join(lines)
