@@ -8,13 +8,19 @@ from agentrl_jax.benchmarks import learner as bench
 @pytest.mark.slow  # compiles the update twice over (ours and the reference); plumbing only
 def test_quick_benchmark_times_the_real_update_against_one_program():
     report = bench.run(quick=True)
-    (row,) = report.rows
+    row, lora = report.rows
     assert row.workload == "rl_update_tokens_per_s"
     assert row.ours > 0 and row.reference > 0 and row.ratio == row.ours / row.reference
     # Both sides ran the same number of minibatch steps over the same padded rows.
     assert row.extra["updates"] == row.extra["minibatch_steps"] > 0
     assert 0 < row.extra["real_tokens"] < row.extra["padded_tokens"]
     assert row.extra["episodes"] == 4  # 2 tasks x 2 rollouts
+    # The LoRA update against the full one, on the same episodes: adapters alone trained.
+    assert lora.workload == "lora_rl_update_tokens_per_s"
+    assert lora.ours > 0 and lora.reference > 0 and lora.ratio == lora.ours / lora.reference
+    assert lora.extra["lora_rank"] == bench.LORA_RANK and lora.extra["lora_targets"] == "all"
+    assert 0 < lora.extra["trained_params"] < lora.extra["full_params"]
+    assert lora.extra["updates"] == lora.extra["full_updates"] == row.extra["updates"]
 
 
 def test_synthetic_episodes_have_the_default_runs_shape():

@@ -71,6 +71,81 @@ def test_multi_host_plan_runs_the_sampler_on_one_hosts_copy():
         plan.memory_plan(config, programs=("sampler_turn",), local_devices=3)
 
 
+@pytest.mark.slow
+def test_lora_plan_trains_adapters_only_against_the_base_as_reference():
+    # The :test run with a KL reference, planned as a full fine-tune and with LoRA (rank 4, all
+    # projections) on 4 fake CPU devices: the learner's programs only (the cheap ones).
+    cd = load_config_file("configs/tiny_textworld.py:test")
+    cd.mesh, cd.rl.kl_coef = (1, 2, 2), 0.01
+    full_config = from_config_dict(cd, num_devices=4)
+    cd.model.lora.rank = 4
+    lora_config = from_config_dict(cd, num_devices=4)
+    programs = ("score", "rl_update")
+    full = plan.memory_plan(full_config, programs=programs)
+    lora = plan.memory_plan(lora_config, programs=programs)
+    assert full["model"]["lora"] is None
+    assert lora["model"]["lora"] == {
+        "rank": 4,
+        "targets": ["q", "k", "v", "o", "gate", "up", "down"],
+    }
+    by_name = lambda p: {x["name"]: x for x in p["programs"]}  # noqa: E731
+    full_update, lora_update = by_name(full)["rl_update"], by_name(lora)["rl_update"]
+    full_score, lora_score = by_name(full)["score"], by_name(lora)["score"]
+    # Adam's moments are the adapters' alone (the :test run has no critic): 2 x 4 bytes per
+    # adapter element on a device, far below the full fine-tune's.
+    assert not lora_config.needs_critic
+    from flax import nnx
+
+    from agentrl_jax.models import Qwen2ForCausalLM
+
+    model_cfg = _abstract_policy(lora_config)[0]
+    lora_cfg = model_cfg.replace(lora=lora_config.model.lora.lora_config())
+    with_adapters = nnx.eval_shape(lambda: Qwen2ForCausalLM(lora_cfg, rngs=nnx.Rngs(0)))
+    adapters = nnx.state(with_adapters, nnx.LoRAParam)
+    adapter_elems = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
+    lora_adam = lora_update["analytic_bytes"]["optimizer"]
+    full_adam = full_update["analytic_bytes"]["optimizer"]
+    assert 0 < lora_adam <= 2 * 4 * adapter_elems  # each device its shard of the adapters
+    assert full_adam == 2 * full_update["analytic_bytes"]["params"]
+    assert 10 * lora_adam < full_adam
+    # The donated state is the smaller by the moments the frozen base no longer has.
+    full_args = full_update["per_device_bytes"]["arguments"]
+    assert lora_update["per_device_bytes"]["arguments"] < full_args - (full_adam - lora_adam) / 2
+    # The reference is the policy's own base: nothing resident beside the update (the full
+    # fine-tune keeps a float32 copy), and the score's second reading of it is not counted twice.
+    assert full_update["per_device_bytes"]["resident"] > 0
+    assert lora_update["per_device_bytes"]["resident"] == 0
+    shared = lora_score["per_device_bytes"]["shared"]
+    assert shared > 0 and "shared" not in full_score["per_device_bytes"]
+    b = lora_score["per_device_bytes"]
+    assert b["total"] == b["arguments"] + b["outputs"] + b["temporaries"] - b["aliased"] - shared
+
+
+def test_lora_sampler_copy_is_the_merged_base_in_the_compute_dtype():
+    cd = load_config_file("configs/tiny_textworld.py")
+    cd.mesh, cd.model.dtype, cd.model.lora.rank = (2, 4, 1), "bfloat16", 8
+    config = from_config_dict(cd, num_devices=8)
+    from flax import nnx
+
+    from agentrl_jax import sharding
+    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.run.build import model_config, rl_learner
+
+    model_cfg = model_config(config)
+    lora_cfg = model_cfg.replace(lora=config.model.lora.lora_config())
+    policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(lora_cfg, rngs=nnx.Rngs(0)))
+    mesh = sharding.make_mesh(config.mesh, jax.devices()[:8])
+    state = rl_learner(config, policy, None, mesh).abstract_state(policy)
+    sampler_mesh, params, owned = plan.sampler_copy(model_cfg, state.policy, mesh, lora=True)
+    assert owned and sampler_mesh is mesh
+    leaves = jax.tree.leaves(params)
+    assert {np.dtype(x.dtype).name for x in leaves} == {"bfloat16"}
+    # No adapter in it: the merged model has the base's parameters only, in bf16.
+    base = nnx.split_state(state.policy, nnx.LoRAParam, ...)[1]
+    assert plan.device_bytes(params) * 2 == plan.device_bytes(base)
+    assert len(leaves) == len(jax.tree.leaves(base)) < len(jax.tree.leaves(state.policy))
+
+
 def test_device_bytes_counts_one_shard():
     mesh = jax.make_mesh((4,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
     split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec("x"))

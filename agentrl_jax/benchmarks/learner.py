@@ -16,6 +16,15 @@ observation and 4-12 a command, each command token drawn from 2-8 allowed ids; w
   minibatch steps on contiguous slices (no shuffle, no host round trip).
 
 The two sides alternate, 3 timed runs each after a warm-up that compiles both; medians.
+
+Workload ``lora_rl_update_tokens_per_s``: the same update, the same episodes and shapes, trained
+as a LoRA run trains it (``config.model.lora``; rank ``LORA_RANK`` on every projection when the
+config has none), against the full fine-tune:
+
+- ours: ``RLUpdate`` of the LoRA policy (``build.rl_policy``): the adapters alone differentiated
+  and updated, Adam moments for them only, the KL reference the policy's own base
+  (``Learner.base_state``);
+- reference: ``RLUpdate`` of the full fine-tune (every parameter, its moments, a reference copy).
 """
 
 from __future__ import annotations
@@ -34,9 +43,11 @@ from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.trajectory import Step, Trajectory
-from agentrl_jax.run.build import rl_learner
+from agentrl_jax.run.build import rl_learner, rl_policy
 from agentrl_jax.run.config import from_config_dict, load_config_file
 
+# The adapters' rank when the config has no LoRA of its own (its projections: all of them).
+LORA_RANK = 8
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_textworld.py")
 PAD = 0
 
@@ -78,7 +89,8 @@ def synthetic_episodes(
 
 
 def run(quick: bool) -> Report:
-    config = from_config_dict(load_config_file(CONFIG + (":test" if quick else "")))
+    config_dict = load_config_file(CONFIG + (":test" if quick else ""))
+    config = from_config_dict(config_dict)
     cfg = preset(
         config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
     )
@@ -146,6 +158,10 @@ def run(quick: bool) -> Report:
             updates=state["metrics"]["train/updates"],
         )
     )
+    if not config_dict.model.lora.rank:
+        config_dict.model.lora.rank = LORA_RANK
+    lora_config = from_config_dict(config_dict)
+    report.add(_lora_row(lora_config, policy, critic, trajs, tokens, 1 if quick else 3))
     report.facts.update(
         config="configs/tiny_textworld.py" + (":test" if quick else ""),
         algo=spec.algo,
@@ -154,3 +170,47 @@ def run(quick: bool) -> Report:
         padded_length=int(rl_batch.length_bucket(max(t.num_tokens for t in trajs))),
     )
     return report
+
+
+def _lora_row(config, policy, critic, trajs, tokens, repeats):
+    """The LoRA update (``config.model.lora``) against the full one, interleaved, on the same
+    episodes."""
+    lora_policy = rl_policy(config, policy)  # the base shared with ``policy``, not copied
+    sides = {}
+    for name, model in (("lora", lora_policy), ("full", policy)):
+        learner = rl_learner(config, model, critic)
+        sides[name] = {
+            "learner": learner,
+            "update": RLUpdate(learner.spec, learner, PAD),
+            "state": learner.init(model, critic),  # copies: the updates donate their own
+        }
+    full_ref = nnx.state(policy, nnx.Param)
+
+    def step(name):
+        side = sides[name]
+        learner = side["learner"]
+        ref = full_ref
+        if learner.lora:
+            ref = learner.base_state(side["state"].policy)  # the trainer's reference
+        side["state"], side["metrics"] = side["update"](
+            side["state"], ref, trajs, np.random.default_rng(0), 0
+        )
+        jax.block_until_ready(side["state"])
+
+    ours_runs, ref_runs = interleaved(lambda: step("lora"), lambda: step("full"), repeats)
+    lora = sides["lora"]
+    count = lambda tree: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(tree))  # noqa: E731
+    trained = lora["learner"].trainable(lora["state"].policy)[0]
+    return _row(
+        "lora_rl_update_tokens_per_s",
+        tokens,
+        ours_runs,
+        ref_runs,
+        "tokens/s",
+        lora_rank=config.model.lora.rank,
+        lora_targets=config.model.lora.targets,
+        trained_params=count(trained),
+        full_params=count(sides["full"]["state"].policy),
+        updates=lora["metrics"]["train/updates"],
+        full_updates=sides["full"]["metrics"]["train/updates"],
+    )

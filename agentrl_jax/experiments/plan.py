@@ -18,11 +18,19 @@ it for the current devices and reads XLA's compiled memory analysis, per device:
 
 Bytes per device: ``arguments``, ``outputs``, ``temporaries`` (XLA's buffer assignment),
 ``aliased`` (outputs written into donated arguments) and ``total = arguments + outputs +
-temporaries - aliased``. ``resident`` is what the run holds outside the program's arguments
-while it runs (e.g. the reference policy during the update, the optimizer moments during a
-rollout), from the state's shapes; ``peak = total + resident`` is the figure to hold against a
-chip. ``analytic`` cross-checks the arguments: parameter bytes (each array's shard on one
-device) and Adam's two moments per trainable parameter.
+temporaries - aliased`` (less ``shared``: a LoRA run's score gets the policy's base twice, as
+the policy's and as the KL reference, the same buffers). ``resident`` is what the run holds
+outside the program's arguments while it runs (e.g. the reference policy during the update, the
+optimizer moments during a rollout), from the state's shapes; ``peak = total + resident`` is the
+figure to hold against a chip. ``analytic`` cross-checks the arguments: parameter bytes (each
+array's shard on one device) and Adam's two moments per trainable parameter.
+
+A LoRA run (``model.lora.rank`` > 0) is planned as it runs: the RL state's policy carries
+adapters on the targeted projections (``build.rl_policy``; laid out on their base's logical axes)
+and Adam moments for the adapters alone (``Learner.trainable``); the KL reference is the
+policy's frozen base, no copy (``Learner.base_state``); the sampler's copy is the merged weights
+in the compute dtype (``build.sync_sampler``), held beside the train state. SFT stays a full
+fine-tune of the plain policy.
 
 One iteration's rows are the most it can produce: one per episode (``episode`` contexts) or one
 per step (``step``), ``rollout.max_seq_len`` tokens each, padded to whole minibatches.
@@ -122,21 +130,35 @@ def memory_plan(
     check_local_devices(local_devices, mesh.size)
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
+    # The policy as RL trains it (``build.rl_policy``): with LoRA, adapters on the targeted
+    # projections (their base's logical axes, so laid out like it), the base frozen.
+    lora_cfg = config.model.lora.lora_config()
+    rl_pol = policy
+    if lora_cfg is not None:
+        rl_cfg = model_cfg.replace(lora=lora_cfg)
+        rl_pol = nnx.eval_shape(lambda: Qwen2ForCausalLM(rl_cfg, rngs=nnx.Rngs(0)))
     critic = None
     if config.needs_critic:
         critic = nnx.eval_shape(lambda: Qwen2ValueModel(model_cfg, rngs=nnx.Rngs(0)))
-    learner = rl_learner(config, policy, critic, mesh)
-    state = learner.abstract_state(policy, critic)
+    learner = rl_learner(config, rl_pol, critic, mesh)
+    state = learner.abstract_state(rl_pol, critic)
     kl = learner.spec.kl
-    ref = reference_copy(state.policy, kl.reference_dtype) if kl.needs_reference else None
+    ref, ref_shared = None, False
+    if kl.needs_reference and learner.lora:
+        # The trainer's: the base's own arrays in the train state (``Learner.base_state``).
+        ref, ref_shared = learner.base_state(state.policy), True
+    elif kl.needs_reference:
+        ref = reference_copy(state.policy, kl.reference_dtype)
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
-    sampler_mesh, sampler_params, owned = sampler_copy(model_cfg, state.policy, mesh, local_devices)
+    sampler_mesh, sampler_params, owned = sampler_copy(
+        model_cfg, state.policy, mesh, local_devices, lora=learner.lora
+    )
     build = {
         "sampler_turn": lambda: _sampler_turn(
             config,
             policy,
             state,
-            ref,
+            None if ref_shared else ref,
             sampler_mesh,
             sampler_params,
             owned,
@@ -144,8 +166,10 @@ def memory_plan(
             num_choices,
         ),
         "sft_step": lambda: _sft_step(config, policy, mesh, seq),
-        "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices),
-        "rl_update": lambda: _rl_update(config, learner, state, ref, rows, seq, num_choices),
+        "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices, ref_shared),
+        "rl_update": lambda: _rl_update(
+            config, learner, state, None if ref_shared else ref, rows, seq, num_choices
+        ),
     }
     runs = [name for name in PROGRAMS if programs is None or name in programs]
     if not budget_lib.from_config(config.budget).num_demos:
@@ -165,6 +189,9 @@ def memory_plan(
             "vocab": model_cfg.vocab_size,
             "dtype": config.model.dtype,
             "remat": bool(config.model.remat),
+            "lora": None
+            if lora_cfg is None
+            else {"rank": lora_cfg.rank, "targets": list(lora_cfg.targets)},
         },
         "sampler": {
             "mesh": [int(sampler_mesh.shape[a]) for a in sharding.MESH_AXES],
@@ -207,16 +234,20 @@ def tpu_devices(topology: str) -> list[jax.Device]:
         ) from e
 
 
-def sampler_copy(model_cfg, policy, mesh, local_devices=None):
+def sampler_copy(model_cfg, policy, mesh, local_devices=None, *, lora=False):
     """``(mesh, params, owned)``: where the sampler runs and its copy of the policy, abstract.
 
     What ``build.sync_sampler`` gives the sampler: on one host (``local_devices`` None) the
     run's ``mesh`` and the train state's ``policy`` (abstract, float32 parameters), cast to the
     compute dtype when it differs (a copy of its own: ``owned``); multi-host, the first host's
     ``multihost.local_mesh`` and the policy there in the compute dtype, split by the rules.
+    With ``lora`` (``policy`` holds adapters): the merged weights, a plain model's state in the
+    compute dtype in the base's layout (``lora.merge``), always a copy of its own.
     """
     dtype = np.dtype(model_cfg.dtype)
-    if local_devices is None and not casts(policy, dtype):
+    if lora:
+        policy = nnx.split_state(policy, nnx.LoRAParam, ...)[1]  # the base, merged into
+    if local_devices is None and not lora and not casts(policy, dtype):
         return mesh, policy, False
     if local_devices is not None:
         local = list(mesh.devices.flat)[:local_devices]
@@ -289,10 +320,10 @@ def _sft_step(config, policy, mesh, seq):
     batch = learner.abstract_batch({k: ((rows, seq), dtypes[k]) for k in sft_data.BATCH_KEYS})
     shapes = {"rows": rows, "seq": seq, "microbatch": config.sft.microbatch_size or rows}
     lowered = lambda: learner.sft_step.lower(state, batch)  # noqa: E731
-    return _program("sft_step", shapes, lowered, [], params=[state.policy], trained=True)
+    return _program("sft_step", shapes, lowered, [], params=[state.policy], trained=[state.policy])
 
 
-def _score(config, learner, state, ref, rows, seq, num_choices):
+def _score(config, learner, state, ref, rows, seq, num_choices, ref_shared=False):
     batch = learner.abstract_batch(_row_shapes(config, learner, rows, seq, num_choices, False))
     chunk = learner.spec.score_rows
     shapes = {"rows": rows, "seq": seq, "rows_per_chunk": chunk}
@@ -300,7 +331,11 @@ def _score(config, learner, state, ref, rows, seq, num_choices):
         state.policy, ref, state.value, batch, rows_per_chunk=chunk
     )
     resident = [state.policy_opt, state.value_opt]
-    return _program("score", shapes, lowered, resident, params=[state.policy, ref, state.value])
+    # A LoRA run's reference is the policy's own base: the same buffers passed twice, which
+    # XLA's arguments count twice.
+    shared = ref if ref_shared else None
+    params = [state.policy, state.value] if ref_shared else [state.policy, ref, state.value]
+    return _program("score", shapes, lowered, resident, params=params, shared=shared)
 
 
 def _rl_update(config, learner, state, ref, rows, seq, num_choices):
@@ -332,7 +367,7 @@ def _rl_update(config, learner, state, ref, rows, seq, num_choices):
         lowered,
         [ref],
         params=[state.policy, state.value],
-        trained=True,
+        trained=[learner.trainable(state.policy)[0], state.value],
     )
 
 
@@ -356,11 +391,14 @@ def _row_shapes(config, learner, rows, seq, num_choices, scored):
 # ------------------------------------------------------------------ measuring
 
 
-def _program(name, shapes, lowered, resident, *, params, trained=False) -> dict[str, Any]:
+def _program(
+    name, shapes, lowered, resident, *, params, trained=None, shared=None
+) -> dict[str, Any]:
     """Lowers and compiles one program (timed) and reads its memory analysis.
 
     ``resident``: what the run holds beside the program's arguments; ``params``: the parameter
-    states among its arguments, trained with Adam when ``trained``.
+    states among its arguments; ``trained``: those Adam trains (the adapters alone with LoRA);
+    ``shared``: arguments passed twice (the same buffers), counted once in ``total``.
     """
     start = time.perf_counter()
     compiled = lowered().compile()
@@ -373,6 +411,9 @@ def _program(name, shapes, lowered, resident, *, params, trained=False) -> dict[
         "aliased": int(stats.alias_size_in_bytes),
     }
     b["total"] = b["arguments"] + b["outputs"] + b["temporaries"] - b["aliased"]
+    if shared is not None:
+        b["shared"] = device_bytes(shared)
+        b["total"] -= b["shared"]
     b["resident"] = device_bytes(resident)
     b["peak"] = b["total"] + b["resident"]
     logging.info(
@@ -386,7 +427,7 @@ def _program(name, shapes, lowered, resident, *, params, trained=False) -> dict[
         "analytic_bytes": {
             "params": device_bytes(params),
             # Adam: two float32 moments per trained parameter.
-            "optimizer": 2 * 4 * device_bytes(params, itemsize=1) if trained else 0,
+            "optimizer": 2 * 4 * device_bytes(trained, itemsize=1) if trained else 0,
         },
     }
 
@@ -435,10 +476,23 @@ def format_table(plan: dict[str, Any]) -> str:
         f"({copy}): {gib(s['params_bytes'])} {unit} per device (the policy in float32 on every "
         f"device: {gib(s['f32_replica_bytes'])} {unit})",
     ]
+    lora = plan["model"].get("lora")
+    if lora:
+        lines.append(
+            f"LoRA: rank {lora['rank']} on {','.join(lora['targets'])}; Adam moments for the "
+            "adapters alone; the KL reference is the policy's own base (no copy); the sampler's "
+            "copy is the merged weights."
+        )
+    shared = [p for p in plan["programs"] if p["per_device_bytes"].get("shared")]
     lines += [
         "",
         f"{unit} per device; total = args + outputs + temps - aliased; peak = total + resident "
         "(arrays the run holds outside the program's arguments).",
+        *(
+            f"{p['name']}: total less {gib(p['per_device_bytes']['shared'])} {unit}, the base "
+            "passed twice (as the policy's and as the KL reference), the same buffers."
+            for p in shared
+        ),
         f"largest program: {plan['largest']} ({gib(peak)} {unit} per device at its peak)",
     ]
     return "\n".join(lines)
