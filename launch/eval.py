@@ -60,13 +60,12 @@ _TRANSCRIPTS = flags.DEFINE_integer(
 
 
 def _evaluate(
-    parts, policy, name: str
+    parts, policy, graphdef, name: str
 ) -> tuple[dict[str, float], dict[str, evaluation.EvalResult]]:
-    """``policy`` played greedily on every held-out level of ``parts``, as the trainer's
-    evaluations play them: a report per level under WORKDIR/eval, the metrics and results back.
+    """``policy`` (a state of ``graphdef``, the RL learner's graph) played greedily on every
+    held-out level of ``parts``, as the trainer's evaluations play them: a report per level under
+    WORKDIR/eval, the metrics and results back.
     """
-    from flax import nnx
-
     from agentrl_jax.run import build, multihost
     from agentrl_jax.run.watchdog import Watchdog
 
@@ -78,7 +77,7 @@ def _evaluate(
             policy,
             parts.policy.cfg.dtype,
             parts.local_mesh,
-            graphdef=nnx.split(build.rl_policy(config, parts.policy))[0],
+            graphdef=graphdef,
         )
         try:
             metrics, results = eval_report.evaluate_sets(
@@ -108,14 +107,15 @@ def _evaluate_latest(config, workdir: str, name: str):
         parts = build.build(config, paths.absolute(workdir))
         try:
             critic = build.critic(config, parts.policy)  # the RL state's structure holds it
+            learner = build.rl_learner(
+                config, build.rl_policy(config, parts.policy), critic, parts.mesh
+            )
             restored = restore_latest(
                 checkpointer,
                 config,
                 policy=parts.policy,
                 critic=critic,
-                learner=build.rl_learner(
-                    config, build.rl_policy(config, parts.policy), critic, parts.mesh
-                ),
+                learner=learner,
                 mesh=parts.mesh,
                 reference=False,  # not played
             )
@@ -125,7 +125,7 @@ def _evaluate_latest(config, workdir: str, name: str):
                 restored.meta.run.phase,
                 restored.meta.run.rl_iteration,
             )
-            return _evaluate(parts, restored.train.policy, name)
+            return _evaluate(parts, restored.train.policy, learner.policy_graphdef, name)
         finally:
             parts.close()
     finally:

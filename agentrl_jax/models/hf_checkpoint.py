@@ -61,9 +61,13 @@ class CheckpointError(ValueError):
 # config.json <-> ModelConfig
 
 
-def _read_json(path: pathlib.Path) -> dict[str, Any]:
+def read_json(
+    path: pathlib.Path, expected: str = "a Hugging Face checkpoint file"
+) -> dict[str, Any]:
+    """The JSON object in ``path`` (FileNotFoundError naming ``expected`` when absent;
+    CheckpointError when it is not one JSON object)."""
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (expected a Hugging Face checkpoint file)")
+        raise FileNotFoundError(f"{path} not found (expected {expected})")
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -205,7 +209,7 @@ def config_to_hf(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str,
 def load_config(path: str | pathlib.Path, **overrides) -> ModelConfig:
     """Reads ``<path>/config.json`` into a ModelConfig (``overrides`` as in ``config_from_hf``)."""
     path = _check_dir(path)
-    return config_from_hf(_read_json(path / CONFIG_FILE), source=path / CONFIG_FILE, **overrides)
+    return config_from_hf(read_json(path / CONFIG_FILE), source=path / CONFIG_FILE, **overrides)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -351,7 +355,7 @@ def _tensor_files(path: pathlib.Path) -> dict[str, pathlib.Path]:
     """Tensor name -> the safetensors file that holds it (single file or sharded index)."""
     index = path / INDEX_FILE
     if index.is_file():
-        weight_map = _read_json(index).get("weight_map")
+        weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict) or not weight_map:
             raise CheckpointError(f"{index}: field 'weight_map' must be a non-empty object")
         files = {}

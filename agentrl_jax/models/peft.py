@@ -34,7 +34,7 @@ from safetensors.numpy import save_file
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.hf_checkpoint import CheckpointError, TensorMap
+from agentrl_jax.models.hf_checkpoint import CheckpointError, TensorMap, read_json
 from agentrl_jax.models.qwen2 import LoraSlot, lora_slots
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -199,14 +199,7 @@ _PLAIN = {
 
 def _read_config(directory: pathlib.Path) -> dict[str, Any]:
     path = directory / ADAPTER_CONFIG
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found (expected a PEFT adapter directory)")
-    try:
-        config = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
-    if not isinstance(config, dict):
-        raise CheckpointError(f"{path} must hold a JSON object")
+    config = read_json(path, "a PEFT adapter directory")
     if config.get("peft_type") != "LORA":
         raise CheckpointError(f"{path}: peft_type={config.get('peft_type')!r}; only 'LORA'")
     for field, allowed in _PLAIN.items():
