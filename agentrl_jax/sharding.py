@@ -264,6 +264,13 @@ def _cast_copy(tree: Any, dtype: Any) -> Any:
     return jax.tree.map(lambda x: _cast_or_copy(x, dtype), tree)
 
 
+def casts(tree: Any, dtype: Any) -> bool:
+    """Whether some floating array of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) is not in
+    ``dtype``: a copy in ``dtype`` would be one of its own, not the same buffers."""
+    floating = (x.dtype for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating))
+    return any(d != np.dtype(dtype) for d in floating)
+
+
 def cast_copy(tree: Any, dtype: Any = None) -> Any:
     """A copy of a pytree of arrays in new buffers, its floating arrays in ``dtype``.
 

@@ -71,6 +71,33 @@ def test_eval_flags_end_in_one_line(tmp_path):
     assert not (tmp_path / "tokenizer").exists()
 
 
+def test_export_flags_end_in_one_line(tmp_path):
+    from agentrl_jax.run.config import load_config_file
+
+    def export(*flags):
+        cmd = [sys.executable, "-m", "launch.export", *flags]
+        env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        return proc.returncode, proc.stderr.strip().splitlines()[-1]
+
+    rc, line = export(f"--workdir={tmp_path}")
+    assert rc == 2 and line.startswith("export: --workdir=DIR"), line
+    rc, line = export(f"--workdir={tmp_path}", f"--out={tmp_path / 'hf'}")
+    assert rc == 2 and line == (
+        f"export: {tmp_path}/config.json not found; is '{tmp_path}' a launch.train workdir?"
+    ), line
+    cd = load_config_file(os.path.join(REPO, "configs", "tiny_textworld.py:smoke"))
+    (tmp_path / "config.json").write_text(cd.to_json_best_effort())
+    rc, line = export(f"--workdir={tmp_path}", f"--out={tmp_path / 'hf'}", "--what=adapter")
+    assert rc == 2 and "--what=adapter needs a LoRA run" in line, line
+    rc, line = export(f"--workdir={tmp_path}", f"--out={tmp_path / 'hf'}", "--what=lora")
+    assert rc == 2 and "--what" in line and "merged" in line and "adapter" in line, line
+    # Told before anything is built (no tokenizer or policy), and nothing written.
+    rc, line = export(f"--workdir={tmp_path}", f"--out={tmp_path / 'hf'}")
+    assert rc == 2 and line == f"export: no checkpoint under {tmp_path}/checkpoints", line
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "tokenizer").exists()
+
+
 def test_override_check_walks_nested_sections():
     import ml_collections
 

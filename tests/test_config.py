@@ -75,6 +75,10 @@ with open(SNAPSHOT) as _f:
             "model.lora.alpha": 8.0,
             "model.lora.dropout": 0.0,
             "model.lora.targets": "all",
+            "model.lora.base_dtype": resolved["model"]["dtype"],  # empty resolves to model.dtype
+            # issue #31: importance weights for the sampler's log-probs, off unless asked for.
+            "rl.off_policy_correction": "none",
+            "rl.is_cap": 2.0,
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()
@@ -273,7 +277,8 @@ def test_env_declares_whether_it_lists_admissible_commands():
 def test_lora_section_is_validated_naming_the_field():
     """``config.model.lora``: rank 0 (off) by default; its fields checked, each error naming it."""
     off = from_config_dict(base_config())
-    assert off.model.lora == config_lib.LoraSection() and off.model.lora.lora_config() is None
+    assert off.model.lora == config_lib.LoraSection(base_dtype=off.model.dtype)
+    assert off.model.lora.lora_config() is None
     cd = base_config()
     cd.model.lora.rank = 4
     cd.model.lora.alpha = 16
@@ -284,10 +289,19 @@ def test_lora_section_is_validated_naming_the_field():
     assert (lora.rank, lora.scale, lora.targets) == (4, 4.0, ("q", "v"))
     # A saved config.json round-trips (the section as a dict of its fields).
     assert from_config_dict(ml_collections.ConfigDict(json.loads(json.dumps(cd.to_dict())))) == run
+    # The frozen base is stored in the compute dtype unless the config names another.
+    assert run.model.lora.base_dtype == run.model.dtype == "float32"
+    cd.model.dtype = "bfloat16"
+    assert from_config_dict(cd).model.lora.base_dtype == "bfloat16"
+    cd.model.lora.base_dtype = "float32"
+    cd.model.lora.dropout = 0.1
+    assert from_config_dict(cd).model.lora.base_dtype == "float32"
+    assert from_config_dict(cd).model.lora.lora_config().dropout == 0.1
     for key, value, match in [
         ("rank", -1, r"config.model.lora.rank is -1; expected an int >= 0"),
         ("alpha", 0, r"config.model.lora.alpha is 0"),
-        ("dropout", 0.1, r"config.model.lora.dropout is 0.1; expected 0"),
+        ("dropout", 1.0, r"config.model.lora.dropout is 1.0; expected a probability in \[0, 1\)"),
+        ("base_dtype", "float16", r"config.model.lora.base_dtype is 'float16'; valid choices"),
         ("targets", "q,qq", r"config.model.lora.targets is 'q,qq': \['qq'\] not among"),
         ("targets", "q,q", r"config.model.lora.targets is 'q,q': repeated"),
         ("bogus", 1, r"config.model.lora: unknown field\(s\) \['bogus'\]"),

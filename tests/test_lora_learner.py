@@ -124,3 +124,88 @@ def test_sync_sampler_gives_the_merged_copy_owned_and_released_after():
     sampler.release()
     assert all(x.is_deleted() for x in held)
     assert np.isfinite(np.asarray(learner.policy_logprobs(state.policy, batch))).all()
+
+
+def _flat_values(state):
+    return {p: np.asarray(v.get_value()) for p, v in nnx.to_flat_state(state)}
+
+
+def test_lora_dropout_in_rl_steps_only_and_drawn_from_the_seed_and_step():
+    """LoRA dropout (``cfg.lora.dropout`` > 0): the RL steps' forward passes drop adapter inputs
+    (the adapters then move otherwise than without it), with masks drawn from ``dropout_seed``
+    and the state's step (the same seed and state: the same step, bit for bit, so a resumed run
+    repeats it); scoring never drops."""
+    base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    tx = optax.adam(1e-2)
+
+    def learner_of(dropout, seed=0, microbatch_size=None):
+        policy = lora.apply_lora(base, LoraConfig(rank=4, alpha=8.0, dropout=dropout), seed=3)
+        learner = Learner(policy, None, tx, dropout_seed=seed, microbatch_size=microbatch_size)
+        return policy, learner
+
+    def two_steps(dropout, seed=0, microbatch_size=None):
+        policy, learner = learner_of(dropout, seed, microbatch_size)
+        state = learner.init(policy)
+        batch = _rl_inputs(learner, state, _batch())
+        for _ in range(2):  # B moves at the first step, A (whose input is dropped) at the second
+            state, metrics = learner.rl_step(state, batch)
+            assert float(metrics["train/skipped_nonfinite"]) == 0.0
+        return learner, state, batch
+
+    learner, dropped, batch = two_steps(0.3)
+    assert learner.lora_dropout
+    _, plain, _ = two_steps(0.0)
+    _, again, _ = two_steps(0.3)
+    _, other_seed, _ = two_steps(0.3, seed=1)
+    got, want = _flat_values(dropped.policy), _flat_values(plain.policy)
+    assert any(not np.array_equal(got[p], want[p]) for p in got)
+    same = _flat_values(again.policy)
+    assert all(np.array_equal(got[p], same[p]) for p in got)
+    other = _flat_values(other_seed.policy)
+    assert any(not np.array_equal(got[p], other[p]) for p in got)
+    # Each step draws its own masks; each microbatch of a step its own key.
+    keys0, keys1 = np.asarray(learner.dropout_keys(0, 4)), np.asarray(learner.dropout_keys(1, 4))
+    assert len({tuple(k) for k in np.concatenate([keys0, keys1])}) == 8
+    # Scoring is deterministic: the dropout learner scores as the one without dropout.
+    _, no_dropout = learner_of(0.0)
+    np.testing.assert_array_equal(
+        np.asarray(learner.policy_logprobs(dropped.policy, batch)),
+        np.asarray(no_dropout.policy_logprobs(dropped.policy, batch)),
+    )
+    # Microbatches: still a finite step, and not the whole batch's masks.
+    _, micro, _ = two_steps(0.3, microbatch_size=2)
+    assert any(not np.array_equal(got[p], v) for p, v in _flat_values(micro.policy).items())
+
+
+def test_bf16_base_under_f32_adapters():
+    """``apply_lora(base_dtype=bf16)``: the frozen base cast to bf16 (the model's
+    ``cfg.param_dtype`` says so), the adapters f32; the model computes what the base rounded to
+    bf16 does, and RL steps keep the bf16 base bit for bit while the adapters train."""
+    base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    policy = lora.apply_lora(base, LoraConfig(rank=4, alpha=8.0), seed=3, base_dtype=jnp.bfloat16)
+    assert policy.cfg.param_dtype == jnp.bfloat16 and policy.cfg.lora.param_dtype == jnp.float32
+    for _, var in nnx.to_flat_state(nnx.state(policy)):
+        want = jnp.float32 if isinstance(var, nnx.LoRAParam) else jnp.bfloat16
+        assert var.get_value().dtype == want
+    # The base's own arrays are untouched (a cast is a copy).
+    assert all(v.get_value().dtype == jnp.float32 for _, v in nnx.to_flat_state(nnx.state(base)))
+    rounded = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    nnx.update(
+        rounded,
+        jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), nnx.state(rounded)),
+    )
+    tokens = jnp.asarray(np.random.default_rng(0).integers(1, CFG.vocab_size, (2, 9)), jnp.int32)
+    np.testing.assert_array_equal(np.asarray(policy(tokens)[0]), np.asarray(rounded(tokens)[0]))
+
+    learner = Learner(policy, None, optax.adam(1e-2))
+    state = learner.init(policy)
+    before = _flat_values(state.policy)
+    batch = _rl_inputs(learner, state, _batch())
+    for _ in range(2):
+        state, _ = learner.rl_step(state, batch)
+    after = _flat_values(state.policy)
+    frozen = [p for p, v in nnx.to_flat_state(state.policy) if not isinstance(v, nnx.LoRAParam)]
+    for path in frozen:
+        assert after[path].dtype == jnp.bfloat16
+        np.testing.assert_array_equal(after[path], before[path])
+    assert any(not np.array_equal(after[p], before[p]) for p in after if p not in frozen)

@@ -367,13 +367,26 @@ def _max_diff(a, b):
     return max(float(np.abs(a[k] - b[k]).max()) for k in a)
 
 
+# LoRA for the RL phase (rank 4, dropout, the base in bf16): the adapters, their dropout masks and
+# the PEFT export across two processes.
+LORA = (
+    "--config.model.lora.rank=4",
+    "--config.model.lora.dropout=0.1",
+    "--config.model.lora.base_dtype=bfloat16",
+)
+
+
 @pytest.mark.slow
-def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld_games, tmp_path):
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_processes_of_four_devices_train_like_one_process_of_eight(
+    textworld_games, tmp_path, lora
+):
     cache = textworld_games["root"]
     one, two = tmp_path / "one", tmp_path / "two"
+    overrides = OVERRIDES + (LORA if lora else ())
     train_cli.finish(
         train_cli.start(
-            train_cli.train_cmd(one, *OVERRIDES), cache, tmp_path / "one.log", devices=8
+            train_cli.train_cmd(one, *overrides), cache, tmp_path / "one.log", devices=8
         ),
         timeout=900,
     )
@@ -381,7 +394,7 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     flags = (f"--coordinator_address=localhost:{_free_port()}", "--num_processes=2")
     procs = [
         train_cli.start(
-            train_cli.train_cmd(two, *OVERRIDES, *flags, f"--process_id={p}"),
+            train_cli.train_cmd(two, *overrides, *flags, f"--process_id={p}"),
             cache,
             tmp_path / f"two.{p}.log",
             devices=4,
@@ -399,7 +412,17 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(textworld
     assert diff <= TOL
     # Not vacuous: RL moved the parameters (2 Adam steps of 2e-4: about 4e-4) far beyond TOL.
     _, after_sft = _checkpoint_params(two, step=1)
-    assert _max_diff(after_sft, params_two) > 10 * TOL
+    if lora:  # the adapters (B from zero) moved; the SFT state holds none
+        assert max(np.abs(v).max() for k, v in params_two.items() if "_lora_b" in k) > 10 * TOL
+        # The PEFT export gathers the adapters across the processes: process 0's file equals
+        # the single process's.
+        from safetensors.numpy import load_file
+
+        want = load_file(one / "adapter" / "adapter_model.safetensors")
+        got = load_file(two / "adapter" / "adapter_model.safetensors")
+        assert want.keys() == got.keys() and _max_diff(want, got) <= TOL
+    else:
+        assert _max_diff(after_sft, params_two) > 10 * TOL
 
     # The same episodes and updates, logged once by process 0.
     ref, got = read_scalars(str(one / "tensorboard")), read_scalars(str(two / "tensorboard"))

@@ -167,8 +167,14 @@ def compile_cache(tmp_path_factory):
 
 
 # The module's LoRA run: the same run with rank-4 adapters on every projection for RL (after the
-# same full SFT), and a KL term, whose reference is then the base without the adapters.
-LORA_FLAGS = ("--config.model.lora.rank=4", "--config.rl.kl_coef=0.05")
+# same full SFT), dropout on their inputs, the frozen base in bf16 under f32 compute, and a KL
+# term, whose reference is then the base without the adapters.
+LORA_FLAGS = (
+    "--config.model.lora.rank=4",
+    "--config.model.lora.dropout=0.1",
+    "--config.model.lora.base_dtype=bfloat16",
+    "--config.rl.kl_coef=0.05",
+)
 
 
 def _launch(workdir, cache, compile_cache, *extra, **env):
@@ -202,8 +208,9 @@ def lora_run(textworld_games, tmp_path_factory, compile_cache):
 
 def test_lora_run_trains_the_adapters_only_and_exports_them(lora_run, reference_run):
     """A LoRA run: the same SFT as the full run, then RL moves the adapters only (the base
-    arrays bit for bit as SFT left them, Adam moments for the adapters alone); the sampler's
-    merged copy scores like the learner; the adapters end in PEFT's format in WORKDIR/adapter."""
+    arrays bit for bit as SFT left them, rounded to bf16; Adam moments for the adapters alone);
+    the sampler's merged copy scores like the learner; the adapters end in PEFT's format in
+    WORKDIR/adapter."""
     import numpy as np
 
     workdir, _ = lora_run
@@ -217,8 +224,9 @@ def test_lora_run_trains_the_adapters_only_and_exports_them(lora_run, reference_
     adapters = [k for k in policy if "lora" in k]
     base = [k for k in policy if "lora" not in k]
     assert adapters and base
-    for k in base:  # the same SFT, and RL left the base alone
-        np.testing.assert_array_equal(start[k], full_start[k], err_msg=k)
+    for k in base:  # the same SFT (stored in bf16), and RL left the base alone
+        assert start[k].dtype == "bfloat16" and full_start[k].dtype == np.float32, k
+        np.testing.assert_array_equal(start[k], full_start[k].astype(start[k].dtype), err_msg=k)
         np.testing.assert_array_equal(end[k], start[k], err_msg=k)
     assert any(not np.array_equal(end[k], start[k]) for k in adapters)
     # B starts at zero: the RL phase starts from exactly the SFT policy.
@@ -351,6 +359,56 @@ def test_eval_entry_point_reports_and_plots(
     assert (workdir / "eval" / "eval_valid_simple_valid.md").is_file()
     png = (workdir / "eval" / "learning_curve.png").read_bytes()
     assert png.startswith(b"\x89PNG")
+
+
+def test_export_serves_the_lora_run_in_transformers_and_peft(lora_run, tmp_path):
+    """``launch.export`` of the LoRA run: the merged HF checkpoint in transformers, and the base
+    with the PEFT adapter through ``PeftModel``, each give the logits of the run's newest
+    checkpoint (our learner's policy) within 1e-5 (f32), and the exported tokenizer encodes as
+    the run's."""
+    import numpy as np
+    import torch
+    import transformers
+    from peft import PeftModel
+
+    from launch import export as export_lib
+
+    workdir = tmp_path / "lora"  # a copy: the chaos test compares the run's files
+    shutil.copytree(lora_run[0], workdir)
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="")
+    for what in ("merged", "adapter"):
+        cmd = [sys.executable, "-m", "launch.export", f"--workdir={workdir}"]
+        cmd += [f"--out={tmp_path / what}", f"--what={what}"]
+        out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    adapter = json.loads((tmp_path / "adapter" / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(tmp_path / "adapter" / "base")
+
+    config = from_config_dict(
+        ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+    )
+    policy, tok, restored = export_lib.restore_policy(config, str(workdir))
+    assert restored.step == 4 and policy.cfg.lora is not None
+    text = "-= Kitchen =- You see a fridge. > open fridge"
+    ids = tok(text)["input_ids"]
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
+    assert hf_tok(text)["input_ids"] == ids
+    want = np.asarray(policy(jax.numpy.asarray([ids], jax.numpy.int32))[0])
+
+    def logits(model):
+        with torch.no_grad():
+            return model(torch.tensor([ids])).logits.float().numpy()
+
+    load = functools.partial(transformers.AutoModelForCausalLM.from_pretrained, dtype=torch.float32)
+    merged = logits(load(tmp_path / "merged"))
+    peft_model = PeftModel.from_pretrained(
+        load(tmp_path / "adapter" / "base"), tmp_path / "adapter" / "adapter"
+    )
+    adapted = logits(peft_model.eval())
+    assert np.abs(merged - want).max() < 1e-5
+    assert np.abs(adapted - want).max() < 1e-5
+    # The adapters moved: the base alone scores otherwise.
+    assert np.abs(logits(load(tmp_path / "adapter" / "base")) - want).max() > 1e-4
 
 
 # Where each kill lands and where the rerun must resume. The run's checkpoints: 0 after SFT

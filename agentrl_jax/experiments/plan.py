@@ -62,7 +62,7 @@ from agentrl_jax.rl import rl_batch, sft_data
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import multihost
 from agentrl_jax.run.build import (
-    casts,
+    DTYPES,
     model_config,
     reference_copy,
     rl_learner,
@@ -135,7 +135,7 @@ def memory_plan(
     lora_cfg = config.model.lora.lora_config()
     rl_pol = policy
     if lora_cfg is not None:
-        rl_cfg = model_cfg.replace(lora=lora_cfg)
+        rl_cfg = model_cfg.replace(lora=lora_cfg, param_dtype=DTYPES[config.model.lora.base_dtype])
         rl_pol = nnx.eval_shape(lambda: Qwen2ForCausalLM(rl_cfg, rngs=nnx.Rngs(0)))
     critic = None
     if config.needs_critic:
@@ -247,7 +247,7 @@ def sampler_copy(model_cfg, policy, mesh, local_devices=None, *, lora=False):
     dtype = np.dtype(model_cfg.dtype)
     if lora:
         policy = nnx.split_state(policy, nnx.LoRAParam, ...)[1]  # the base, merged into
-    if local_devices is None and not lora and not casts(policy, dtype):
+    if local_devices is None and not lora and not sharding.casts(policy, dtype):
         return mesh, policy, False
     if local_devices is not None:
         local = list(mesh.devices.flat)[:local_devices]

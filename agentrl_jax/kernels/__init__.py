@@ -63,6 +63,7 @@ from agentrl_jax.kernels.envrl import (
     target_logprobs,
 )
 from agentrl_jax.kernels.kl import kl_estimate, kl_loss, kl_penalty
+from agentrl_jax.kernels.off_policy import CORRECTIONS, importance_weights
 from agentrl_jax.kernels.policy_loss import action_mean, pg_loss, ppo_loss
 from agentrl_jax.kernels.registry import (
     EstimatorSpec,
@@ -82,6 +83,7 @@ __all__ = [
     "AdvantageConfig",
     "AuxExamples",
     "Batch",
+    "CORRECTIONS",
     "EnvrlConfig",
     "EstimatorSpec",
     "LossConfig",
@@ -110,6 +112,7 @@ __all__ = [
     "gigpo_step_advantages",
     "grpo",
     "grpo_advantages",
+    "importance_weights",
     "kl_estimate",
     "kl_loss",
     "kl_penalty",

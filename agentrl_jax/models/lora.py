@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -114,7 +114,7 @@ def base_model(model: M) -> M:
     return _assemble(type(model), model.cfg.replace(lora=None), values)
 
 
-def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
+def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0, base_dtype: Any = None) -> M:
     """``model`` (a policy or value model) with fresh LoRA adapters on ``lora.targets``.
 
     A is kaiming-uniform (U(+-1/sqrt(fan_in)), PEFT's default) and B zero, so the new model
@@ -123,12 +123,16 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
     and layout) directly in their layout on the base's mesh (the logical-axis rules: A and B
     split like their base matrix).
     The base arrays are shared with ``model``, not copied: use the returned model from then on
-    (donating one model's state frees the other's base).
+    (donating one model's state frees the other's base). With ``base_dtype`` other than the
+    base's, the base is instead cast to it, each array in its layout (a bf16 base under f32
+    adapters: the frozen weights at half the memory); the new model's ``cfg.param_dtype`` says
+    so.
 
     Args:
       model: a ``Qwen2ForCausalLM`` or ``Qwen2ValueModel`` without LoRA, scanned or not.
       lora: the adapters; None or rank 0 returns ``model`` itself.
       seed: draws A.
+      base_dtype: the frozen base's storage dtype; None keeps the model's.
 
     Raises:
       ValueError: ``model`` already has adapters (``base_model`` or ``merge`` it first).
@@ -141,6 +145,8 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
             "or merge(model) first"
         )
     cls, cfg = type(model), model.cfg.replace(lora=lora)
+    if base_dtype is not None:
+        cfg = cfg.replace(param_dtype=np.dtype(base_dtype))
     mesh = _mesh_of(model)
     _, abstract = _abstract(cls, cfg)
     fan_in = {}
@@ -161,6 +167,9 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0) -> M:
                 )
     init = _adapter_init(tuple(specs), np.dtype(lora.param_dtype), tuple(shardings) or None)
     values = {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model))}
+    if base_dtype is not None and sharding_lib.casts(list(values.values()), base_dtype):
+        cast = sharding_lib.cast_copy(list(values.values()), base_dtype)
+        values = dict(zip(values, cast, strict=True))
     values.update(zip(paths, init(jax.random.key(seed)), strict=True))
     return _assemble(cls, cfg, values)
 

@@ -110,6 +110,9 @@ class Learner:
         inside the jitted step; it must divide the batch's rows), or None / 0 for the whole
         batch at once. The update is the whole batch's either way.
       mesh: the device mesh the state and batches live on, or None for the default device.
+      dropout_seed: LoRA dropout (a policy whose ``cfg.lora.dropout`` > 0): the RL steps'
+        masks come from this seed, folded with the state's step, then one key per microbatch
+        (``dropout_keys``), so a resumed run draws the masks the uninterrupted one did.
     """
 
     def __init__(
@@ -128,6 +131,7 @@ class Learner:
         logits_chunk: int = 256,
         microbatch_size: int | None = None,
         mesh: jax.sharding.Mesh | None = None,
+        dropout_seed: int = 0,
     ):
         loss_settings = dict(
             loss_config=loss_config,
@@ -154,7 +158,11 @@ class Learner:
         self.logits_chunk = int(logits_chunk)
         self.policy_graphdef, _ = nnx.split(policy)
         # LoRA: only the adapters train; the reference is the base model, scored with its graph.
-        self.lora = getattr(getattr(policy, "cfg", None), "lora", None) is not None
+        lora_cfg = getattr(getattr(policy, "cfg", None), "lora", None)
+        self.lora = lora_cfg is not None
+        # LoRA dropout in the RL steps' forward passes (never in scoring or sampling).
+        self.lora_dropout = self.lora and lora_cfg.dropout > 0
+        self.dropout_seed = int(dropout_seed)
         self.base_graphdef = None
         if self.lora:
             from agentrl_jax.models import lora as lora_lib
@@ -366,9 +374,12 @@ class Learner:
 
     # ---------------------------------------------------------------- forward passes
 
-    def _token_stats(self, model, tokens, mask, *, temperature=1.0, allowed=None) -> TokenStats:
-        """The policy's per-token log-probs and entropies of ``tokens`` (chunked LM head)."""
-        hidden, _ = model.trunk(tokens, mask_bt=mask)
+    def _token_stats(
+        self, model, tokens, mask, *, temperature=1.0, allowed=None, lora_key=None
+    ) -> TokenStats:
+        """The policy's per-token log-probs and entropies of ``tokens`` (chunked LM head);
+        ``lora_key``: LoRA dropout's key (a training forward pass), or None."""
+        hidden, _ = model.trunk(tokens, mask_bt=mask, lora_dropout_key=lora_key)
         return token_stats(
             model.logits,
             hidden,
@@ -378,7 +389,7 @@ class Learner:
             chunk=self.logits_chunk,
         )
 
-    def _rl_stats(self, model, batch) -> TokenStats:
+    def _rl_stats(self, model, batch, lora_key=None) -> TokenStats:
         """Stats of the distribution that acted: ``logits / T``, restricted to ``allowed``."""
         return self._token_stats(
             model,
@@ -386,6 +397,7 @@ class Learner:
             batch["mask"],
             temperature=self.spec.temperature,
             allowed=batch.get("allowed"),
+            lora_key=lora_key,
         )
 
     def policy_logprobs_fn(self, policy_state, batch):
@@ -455,7 +467,10 @@ class Learner:
         """
         policy_state, value_state = params
         model = nnx.merge(self.policy_graphdef, policy_state)
-        stats = self._rl_stats(model, batch)
+        key = None
+        if DROPOUT_KEYS in batch:  # this (micro)batch's key: its first row's
+            key = jax.random.wrap_key_data(batch[DROPOUT_KEYS][0])
+        stats = self._rl_stats(model, batch, key)
         out = {"logprobs": stats.logprobs, "entropy": stats.entropy}
         if value_state is not None:
             vmodel = nnx.merge(self.value_graphdef, value_state)
@@ -463,7 +478,10 @@ class Learner:
         if self.spec.envrl is not None and "aux_sp_tokens" in batch:
             for kind in ("sp", "id"):
                 tokens, mask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_mask"]
-                out[f"aux_{kind}_logprobs"] = self._token_stats(model, tokens, mask).logprobs
+                aux_key = None if key is None else jax.random.fold_in(key, len(kind))
+                out[f"aux_{kind}_logprobs"] = self._token_stats(
+                    model, tokens, mask, lora_key=aux_key
+                ).logprobs
         return out
 
     def rl_terms(self, stats, batch):
@@ -499,8 +517,18 @@ class Learner:
         new = state.replace(step=state.step + 1, policy=policy, policy_opt=policy_opt)
         return new, metrics
 
+    def dropout_keys(self, step, rows: int) -> jax.Array:
+        """[rows, 2] LoRA dropout's key data for train step ``step``: row r's key is
+        ``split(fold_in(key(dropout_seed), step), rows)[r]``. A (micro)batch draws its masks
+        from its first row's key, so every microbatch of a step draws its own."""
+        step_key = jax.random.fold_in(jax.random.key(self.dropout_seed), step)
+        return jax.random.key_data(jax.random.split(step_key, rows))
+
     def rl_step_fn(self, state: TrainState, batch):
         """One RL step on a minibatch (pure; jitted as :attr:`rl_step`)."""
+        if self.lora_dropout:
+            rows = batch["tokens"].shape[0]
+            batch = {**batch, DROPOUT_KEYS: self.dropout_keys(state.step, rows)}
         trainable, frozen = self.trainable(state.policy)
         forward = self.rl_forward
         if frozen is not None:  # LoRA: the base is a constant, the adapters are differentiated
@@ -569,6 +597,10 @@ class Learner:
 
 def _params(module: nnx.Module | None):
     return None if module is None else nnx.state(module, nnx.Param)
+
+
+# The batch key of the LoRA dropout keys a train step adds (``Learner.dropout_keys``).
+DROPOUT_KEYS = "lora_dropout_keys"
 
 
 def _has_adapters(state) -> bool:

@@ -154,6 +154,20 @@ class RLUpdate:
             metrics["rollout/advantage_abs_mean"] = (
                 float(np.abs(adv)[on].mean()) if on.any() else 0.0
             )
+            if spec.off_policy_correction != "none":
+                # The sampler's log-probs (behaviour) against the trained policy's: each token's
+                # advantage, so its loss, weighted (the critic's returns are left unweighted).
+                weights, is_metrics = kernels.importance_weights(
+                    old,
+                    rows.old_logprobs,
+                    rows.loss_mask,
+                    mode=spec.off_policy_correction,
+                    cap=spec.is_cap,
+                    step_ids=rows.step_ids,
+                    ratio_level=spec.loss.ratio_level,
+                )
+                targets["advantages"] = (adv * np.asarray(weights)).astype(adv.dtype)
+                metrics.update({k: float(v) for k, v in is_metrics.items()})
         with timing.phase("transfer"):
             batch.update(self.learner.place_batch(targets))
         aux = {}

@@ -108,6 +108,9 @@ class RLSpec:
       minibatch_size: rows per train step.
       microbatch_size: rows per microbatch of a train step (gradient accumulation), 0: whole.
       actor_lr, critic_lr, max_grad_norm: the optimizers' (Adam, global-norm clipping).
+      off_policy_correction: "none", "tis" or "mis": the importance weights that correct each
+        token's loss for the sampler's log-probs differing from the trained policy's
+        (``kernels.importance_weights``); ``is_cap`` is their C.
     """
 
     algo: str = "grpo"
@@ -126,6 +129,8 @@ class RLSpec:
     actor_lr: float = 2e-4
     critic_lr: float = 1e-3
     max_grad_norm: float = 1.0
+    off_policy_correction: str = "none"
+    is_cap: float = 2.0
 
     def __post_init__(self):
         """Each KL setting has one value, wherever a kernel's config carries a copy of it."""
@@ -200,6 +205,8 @@ class RLSpec:
             actor_lr=rl.actor_lr,
             critic_lr=rl.critic_lr,
             max_grad_norm=rl.max_grad_norm,
+            off_policy_correction=rl.off_policy_correction,
+            is_cap=rl.is_cap,
         )
 
     @classmethod

@@ -24,7 +24,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 from absl import logging
 from flax import nnx
@@ -75,20 +74,25 @@ def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int
         logits_chunk=config.model.logits_chunk,
         microbatch_size=spec.microbatch_size or None,
         mesh=mesh,
+        dropout_seed=config.seed,
     )
 
 
 def rl_policy(config: RunConfig, policy: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
     """The policy as the RL phase trains it: ``policy`` itself, or with ``model.lora.rank`` > 0
     ``policy`` with fresh LoRA adapters (``lora.apply_lora``: A drawn from the run's seed, B at
-    zero, so it computes exactly what ``policy`` does; the base arrays are shared, not copied).
+    zero, so it computes what ``policy`` does; the base arrays are shared, or cast to
+    ``model.lora.base_dtype`` when it is not theirs).
 
     The RL learner (``rl_learner``), the RL state (``Learner.init``) and its restore target
     (``state.restore_latest``) are built from it; SFT trains ``policy`` in full.
     """
     from agentrl_jax.models import lora
 
-    return lora.apply_lora(policy, config.model.lora.lora_config(), seed=config.seed)
+    section = config.model.lora
+    return lora.apply_lora(
+        policy, section.lora_config(), seed=config.seed, base_dtype=DTYPES[section.base_dtype]
+    )
 
 
 def model_config(config: RunConfig, vocab_size: int | None = None) -> ModelConfig:
@@ -160,13 +164,6 @@ def sft_dataset(config: RunConfig, demos: list[Trajectory], pad_id: int) -> sft_
 # ---------------------------------------------------------------------------- the policy's copies
 
 
-def casts(tree: Any, dtype: Any) -> bool:
-    """Whether any floating array of ``tree`` (arrays or ``jax.ShapeDtypeStruct``) is not in
-    ``dtype``: the sampler then needs a copy of its own (``sync_sampler``)."""
-    floating = (x.dtype for x in jax.tree.leaves(tree) if jnp.issubdtype(x.dtype, jnp.floating))
-    return any(d != np.dtype(dtype) for d in floating)
-
-
 def sync_sampler(
     sampler: Sampler,
     policy: Any,
@@ -204,7 +201,7 @@ def sync_sampler(
         sampler.set_state(merged, owned=True)
     elif local is not None:
         sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
-    elif casts(policy, dtype):
+    elif sharding.casts(policy, dtype):
         sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
     else:
         sampler.set_state(policy)

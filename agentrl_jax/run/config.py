@@ -107,25 +107,34 @@ class LoraSection:
 
     With ``rank`` > 0 the RL phase trains adapters only: they are applied to the policy as it
     enters RL (after the full-parameter SFT, or on the checkpoint's weights when SFT has no
-    steps), B at zero, so RL starts from exactly the SFT policy; the base stays frozen in its own
-    dtype, and the KL reference is that base. SFT stays a full fine-tune.
+    steps), B at zero, so RL starts from exactly the SFT policy; the base stays frozen, stored in
+    ``base_dtype``, and the KL reference is that base. SFT stays a full fine-tune.
     """
 
     rank: int = 0  # the adapters' inner width; 0 turns LoRA off
     alpha: float = 8.0  # the scale's numerator: adapters add x A B * alpha / rank
-    dropout: float = 0.0  # only 0 in a run for now (the learner passes no dropout key)
+    # PEFT's lora_dropout: each RL step's forward pass drops an adapter's input entries with
+    # this probability (masks from the run's seed and the step; scoring and sampling never drop)
+    dropout: float = 0.0
     targets: str = "all"  # some of q,k,v,o,gate,up,down (comma-separated), or "all"
+    # The frozen base's storage dtype (the adapters stay float32); empty: model.dtype, the
+    # compute dtype (a bf16 base under bf16 compute: half the memory of the f32 weights SFT
+    # trained).
+    base_dtype: str = ""
 
     def __post_init__(self):
         from agentrl_jax.models.config import LORA_TARGETS
+
+        if self.base_dtype:
+            _choice("config.model.lora.base_dtype", self.base_dtype, DTYPES)
 
         _integer("config.model.lora.rank", self.rank, 0)
         _positive("config.model.lora.alpha", self.alpha)
         _number(
             "config.model.lora.dropout",
             self.dropout,
-            lambda v: v == 0,
-            "0 (LoRA dropout is not applied in training runs yet)",
+            lambda v: 0 <= v < 1,
+            "a probability in [0, 1)",
         )
         targets = self.targets
         if isinstance(targets, (list, tuple)):
@@ -193,6 +202,8 @@ class ModelSection:
         if not self.checkpoint:
             _choice("config.model.preset", self.preset, PRESETS)
         _choice("config.model.dtype", self.dtype, DTYPES)
+        if not self.lora.base_dtype:
+            object.__setattr__(self, "lora", dataclasses.replace(self.lora, base_dtype=self.dtype))
         if not self.template:
             object.__setattr__(self, "template", "checkpoint" if self.checkpoint else "plain")
         _choice("config.model.template", self.template, TEMPLATES)
@@ -381,9 +392,16 @@ class RLSection:
     top_p: float = 1.0
     top_k: int = 0
     task_pool: str = "all"  # or "unseen": only train games no SFT demonstration used
+    # Importance weights on each token's loss for the sampler's log-probs differing from the
+    # trained policy's (kernels/off_policy.py): "none", "tis" (truncated at is_cap) or "mis"
+    # (tokens whose ratio leaves [1 / is_cap, is_cap] masked).
+    off_policy_correction: str = _SPEC.off_policy_correction
+    is_cap: float = _SPEC.is_cap
 
     def __post_init__(self):
         _choice("config.rl.algo", self.algo, kernels.advantage_estimators())
+        _choice("config.rl.off_policy_correction", self.off_policy_correction, kernels.CORRECTIONS)
+        _number("config.rl.is_cap", self.is_cap, lambda v: v > 1, "> 1")
         _choice("config.rl.loss", self.loss, kernels.policy_losses())
         _choice("config.rl.kl_mode", self.kl_mode, KL_MODES)
         _choice("config.rl.task_pool", self.task_pool, TASK_POOLS)

@@ -49,7 +49,6 @@ from agentrl_jax.run import build, eval_report, evaluation, multihost, paths
 # The builders moved to run/build.py (issue #33); these stay importable from here for a release.
 from agentrl_jax.run.build import (  # noqa: F401
     DTYPES,
-    casts,
     expert_texts,
     model_config,
     reference_copy,
@@ -62,6 +61,7 @@ from agentrl_jax.run.config import RunConfig
 from agentrl_jax.run.state import REFERENCE, CheckpointMeta, RunState, restore_latest
 from agentrl_jax.run.tensorboard import SummaryWriter
 from agentrl_jax.run.watchdog import Watchdog
+from agentrl_jax.sharding import casts  # noqa: F401  (beside cast_copy since issue #32)
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
