@@ -281,3 +281,39 @@ def test_close_stops_workers():
     assert not any(psutil.pid_exists(p) for p in pids)
     with pytest.raises(RuntimeError, match="closed"):
         pool.reset(_tasks(1))
+
+
+def test_step_latency_wraps_any_env_and_changes_no_answer():
+    """``env.kwargs.step_latency_s``: every step of the pool's envs waits that long (a fixed
+    delay, or one drawn per step from [low, high]); the answers are the env's own."""
+    from agentrl_jax.envs.base import LatencyEnv, parse_latency
+
+    tasks = _tasks(2)
+    with (
+        ActorPool("faulty-test", {}, num_workers=2, envs_per_worker=1) as plain,
+        ActorPool("faulty-test", {"step_latency_s": 0.3}, num_workers=2, envs_per_worker=1) as slow,
+    ):
+        want = [r.observation.text for r in plain.reset(tasks)]
+        assert [r.observation.text for r in slow.reset(tasks)] == want
+        t0 = time.perf_counter()
+        got = slow.step(["a", "b"])
+        waited = time.perf_counter() - t0
+        ref = plain.step(["a", "b"])
+        assert [(r.observation.text, r.reward, r.done) for r in got] == [
+            (r.observation.text, r.reward, r.done) for r in ref
+        ]
+        # The two workers wait side by side: one delay, not two.
+        assert 0.3 <= waited < 0.6, waited
+
+    env = registry.make_env("faulty-test", step_latency_s=[0.05, 0.1])
+    assert isinstance(env, LatencyEnv) and (env.low, env.high) == (0.05, 0.1)
+    env.reset(tasks[0])
+    for _ in range(3):
+        t0 = time.perf_counter()
+        env.step("a")
+        assert 0.05 <= time.perf_counter() - t0 < 0.3
+    assert env.hang_s == 60.0  # the wrapped env's attributes
+    assert not isinstance(registry.make_env("faulty-test"), LatencyEnv)
+    for bad in (-1, [0.2, 0.1], "slow", [0.1], True):
+        with pytest.raises(ValueError, match="env.kwargs.step_latency_s is .*; expected seconds"):
+            parse_latency(bad)

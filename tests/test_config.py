@@ -310,3 +310,12 @@ def test_lora_section_is_validated_naming_the_field():
         cd.model.lora[key] = value
         with pytest.raises(ConfigError, match=match):
             from_config_dict(cd)
+
+
+def test_step_latency_is_checked_naming_the_field():
+    cd = base_config()
+    cd.env.kwargs = dict(cd.env.kwargs, step_latency_s=0.2)
+    assert dict(from_config_dict(cd).env.kwargs)["step_latency_s"] == 0.2
+    cd.env.kwargs = dict(cd.env.kwargs, step_latency_s=[0.3, 0.1])
+    with pytest.raises(ConfigError, match=r"config.env.kwargs.step_latency_s is \[0.3, 0.1\]"):
+        from_config_dict(cd)

@@ -87,6 +87,7 @@ def test_lora_plan_trains_adapters_only_against_the_base_as_reference():
     assert lora["model"]["lora"] == {
         "rank": 4,
         "targets": ["q", "k", "v", "o", "gate", "up", "down"],
+        "base_dtype": "float32",
     }
     by_name = lambda p: {x["name"]: x for x in p["programs"]}  # noqa: E731
     full_update, lora_update = by_name(full)["rl_update"], by_name(lora)["rl_update"]
@@ -119,6 +120,14 @@ def test_lora_plan_trains_adapters_only_against_the_base_as_reference():
     assert shared > 0 and "shared" not in full_score["per_device_bytes"]
     b = lora_score["per_device_bytes"]
     assert b["total"] == b["arguments"] + b["outputs"] + b["temporaries"] - b["aliased"] - shared
+    # The frozen base in bf16: the update's donated state holds half its bytes.
+    cd.model.lora.base_dtype = "bfloat16"
+    bf16 = plan.memory_plan(from_config_dict(cd, num_devices=4), programs=("rl_update",))
+    assert bf16["model"]["lora"]["base_dtype"] == "bfloat16"
+    bf16_args = by_name(bf16)["rl_update"]["per_device_bytes"]["arguments"]
+    base = lora_update["analytic_bytes"]["params"]  # the base's f32 bytes (adapters aside)
+    lora_args = lora_update["per_device_bytes"]["arguments"]
+    assert lora_args - bf16_args == pytest.approx(base / 2, rel=0.1)
 
 
 def test_lora_sampler_copy_is_the_merged_base_in_the_compute_dtype():

@@ -20,6 +20,7 @@ WORKLOADS = {
     "multi_turn_episodes_per_s": "episodes/s",
     "long_episode_episodes_per_s": "episodes/s",
     "group_first_turn_rows_per_s": "rows/s",
+    "lora_merged_multi_turn_episodes_per_s": "episodes/s",
 }
 
 

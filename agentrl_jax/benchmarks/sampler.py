@@ -49,6 +49,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from agentrl_jax.benchmarks.report import Report, Row, peak_rss_mb, timed
 from agentrl_jax.models.config import ModelConfig, preset
@@ -241,6 +242,21 @@ def run(quick: bool) -> Report:
             action_len=sizes.group_action,
             reference_is="our sampler with share_prefixes=False",
             target_ratio=3.0,
+        )
+    )
+    ours, ref = _lora_multi_turn(policy, cfg, sizes, rng)
+    report.add(
+        _row(
+            "lora_merged_multi_turn_episodes_per_s",
+            sizes.batch,
+            ours,
+            ref,
+            "episodes/s",
+            turns=sizes.turns,
+            obs_len=sizes.obs_len,
+            action_len=sizes.action_len,
+            lora_rank=_LORA_RANK,
+            reference_is="our sampler on the LoRA model unmerged (adapters in every step)",
         )
     )
     import torch  # noqa: PLC0415 - torch is the test extra's; imported where it is needed
@@ -470,6 +486,34 @@ def _multi_turn(
         return ours_only, None
     # Warm-up: our episode compiles every cache bucket it reaches; the reference allocates.
     return interleaved(ours, ref, sizes.repeats, warmup=(ours, lambda: ref(1)))
+
+
+# LoRA rank of the merged-against-unmerged sampler workload (every projection adapted).
+_LORA_RANK = 16
+
+
+def _lora_multi_turn(policy, cfg, sizes: Sizes, rng) -> tuple[Runs, Runs]:
+    """The multi-turn episodes of a LoRA policy (rank ``_LORA_RANK`` on every projection, B
+    nonzero): ours samples from its merged copy (``lora.merge``, what a run's sampler gets), the
+    reference from the LoRA model itself (each projection adds its adapters' product)."""
+    from agentrl_jax.models import lora  # noqa: PLC0415
+
+    adapted = lora.apply_lora(policy, lora.LoraConfig(rank=_LORA_RANK, alpha=32.0), seed=1)
+    values = nnx.state(adapted, nnx.LoRAParam)
+    nnx.update(adapted, jax.tree.map(lambda x: x + 0.01, values))  # B off zero: a trained adapter
+    merged = lora.merge(adapted, cfg.dtype)
+    samplers = [Sampler(m, sampling=SamplingParams(temperature=1.0)) for m in (merged, adapted)]
+    obs = [_random_rows(rng, cfg, sizes.batch, sizes.obs_len) for _ in range(sizes.turns)]
+    size = sizes.turns * (sizes.obs_len + sizes.action_len)
+
+    def episode(sampler):
+        cache = sampler.start(sizes.batch, size)
+        for turn in range(sizes.turns):
+            out = sampler.step_turn(cache, obs[turn], sizes.action_len, jax.random.key(turn))
+            np.asarray(out.tokens)
+            cache = out.cache
+
+    return interleaved(lambda: episode(samplers[0]), lambda: episode(samplers[1]), sizes.repeats)
 
 
 def _group_first_turn(policy, cfg, sizes: Sizes, rng) -> tuple[Runs, Runs]:

@@ -47,7 +47,7 @@ import weakref
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl_jax.envs import registry
+from agentrl_jax.envs import base, registry
 from agentrl_jax.envs.base import Observation, Task
 
 
@@ -472,8 +472,8 @@ def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pi
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
     try:
-        factory = registry.load_factory(env_path)
-        envs = [factory(**env_kwargs) for _ in range(num_envs)]
+        factory = _factory(registry.load_factory(env_path), env_kwargs)
+        envs = [factory(seed=i) for i in range(num_envs)]
     except Exception:  # noqa: BLE001 - reported to the parent, which raises it.
         conn.send(("error", traceback.format_exc()))
         return
@@ -486,7 +486,7 @@ def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pi
         if kind == "close":
             break
         for local, payload in batch:
-            result = _run_one(envs, local, kind, payload, factory, env_kwargs)
+            result = _run_one(envs, local, kind, payload, factory)
             try:
                 conn.send((local, result))
             except (OSError, ValueError):
@@ -496,7 +496,19 @@ def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pi
             env.close()
 
 
-def _run_one(envs, local: int, kind: str, payload, factory, env_kwargs) -> StepResult:
+def _factory(make, env_kwargs: dict):
+    """``factory(seed) -> env``: ``make(**kwargs)``, behind a ``LatencyEnv`` when the kwargs ask
+    for a step latency (``env.kwargs.step_latency_s``; its draws seeded by ``seed``)."""
+    latency, own = base.split_latency(env_kwargs)
+
+    def build(seed: int = 0):
+        env = make(**own)
+        return env if latency is None else base.LatencyEnv(env, latency, seed=seed)
+
+    return build
+
+
+def _run_one(envs, local: int, kind: str, payload, factory) -> StepResult:
     try:
         if kind == "reset":
             obs = envs[local].reset(payload)
@@ -507,7 +519,7 @@ def _run_one(envs, local: int, kind: str, payload, factory, env_kwargs) -> StepR
         # The env may be half-updated: replace it so the next reset starts clean.
         with contextlib.suppress(Exception):
             envs[local].close()
-        envs[local] = factory(**env_kwargs)
+        envs[local] = factory(seed=local)
         tb = traceback.format_exc(limit=-3)
         return _failure(f"env raised {type(e).__name__}: {e}\n{tb}")
 

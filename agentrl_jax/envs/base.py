@@ -15,6 +15,8 @@ import abc
 import dataclasses
 import hashlib
 import inspect
+import random
+import time
 from typing import Any
 
 
@@ -93,3 +95,72 @@ def stable_key(*parts: Any) -> int:
     """A process-independent 63-bit integer key of ``parts`` (Python's hash() is salted per run)."""
     digest = hashlib.blake2b(repr(parts).encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "little") & 0x7FFF_FFFF_FFFF_FFFF
+
+
+# ------------------------------------------------------------------------------ step latency
+
+# The env.kwargs key of an injected step latency (every family accepts it: it is taken out
+# before the env's own factory sees its kwargs).
+STEP_LATENCY = "step_latency_s"
+
+
+class LatencyEnv(Env):
+    """``env`` whose every step waits ``latency`` seconds before answering: a stand-in for a slow
+    or remote environment (a test suite that runs for seconds, an env behind a network) in
+    benchmarks and tests. The answers are ``env``'s own, unchanged.
+
+    ``latency`` is a number of seconds (>= 0), or ``(low, high)``: a delay drawn uniformly per
+    step, from a generator seeded with ``seed`` (timing only: nothing the episode sees depends
+    on it).
+    """
+
+    def __init__(self, env: Env, latency: float | tuple[float, float], seed: int = 0):
+        self.env = env
+        self.low, self.high = parse_latency(latency)
+        self._rng = random.Random(seed)
+
+    def reset(self, task: Task) -> Observation:
+        return self.env.reset(task)
+
+    def reset_info(self) -> dict[str, Any]:
+        return self.env.reset_info()
+
+    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+        out = self.env.step(action)
+        delay = self.low if self.high == self.low else self._rng.uniform(self.low, self.high)
+        time.sleep(delay)
+        return out
+
+    def close(self) -> None:
+        close = getattr(self.env, "close", None)
+        if close is not None:
+            close()
+
+    def __getattr__(self, name: str) -> Any:  # the wrapped env's other attributes
+        return getattr(self.env, name)
+
+
+def parse_latency(latency: Any) -> tuple[float, float]:
+    """``(low, high)`` seconds of a ``step_latency_s`` value: a number, or a pair low <= high.
+
+    Raises:
+      ValueError: naming ``env.kwargs.step_latency_s`` and what was expected.
+    """
+    pair = latency if isinstance(latency, (list, tuple)) else (latency, latency)
+    ok = len(pair) == 2 and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) and x >= 0 for x in pair
+    )
+    if not ok or pair[0] > pair[1]:
+        raise ValueError(
+            f"env.kwargs.{STEP_LATENCY} is {latency!r}; expected seconds >= 0, or a pair "
+            "[low, high] with 0 <= low <= high (a delay drawn uniformly per step)"
+        )
+    return float(pair[0]), float(pair[1])
+
+
+def split_latency(kwargs: dict[str, Any]) -> tuple[tuple[float, float] | None, dict[str, Any]]:
+    """``(latency or None, the env's own kwargs)`` of an ``env.kwargs`` dict."""
+    rest = dict(kwargs)
+    if STEP_LATENCY not in rest:
+        return None, rest
+    return parse_latency(rest.pop(STEP_LATENCY)), rest

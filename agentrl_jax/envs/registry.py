@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl_jax.envs import alfworld_data, games
-from agentrl_jax.envs.base import Env
+from agentrl_jax.envs.base import Env, LatencyEnv, split_latency
 from agentrl_jax.swe import tasks as swe_tasks
 
 TRAIN_SPLIT = "train"  # the split every family trains on (demonstrations, RL)
@@ -203,8 +203,11 @@ def load_factory(name_or_path: str) -> Callable[..., Env]:
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
-    """Builds the env registered as ``name`` with ``kwargs`` (ValueError on an unknown name)."""
-    return load_factory(name)(**kwargs)
+    """Builds the env registered as ``name`` with ``kwargs`` (ValueError on an unknown name);
+    ``step_latency_s`` among them wraps it in a ``LatencyEnv``."""
+    latency, own = split_latency(kwargs)
+    env = load_factory(name)(**own)
+    return env if latency is None else LatencyEnv(env, latency)
 
 
 def lists_admissible_commands(name: str, kwargs: dict[str, Any]) -> bool | None:
@@ -214,7 +217,7 @@ def lists_admissible_commands(name: str, kwargs: dict[str, Any]) -> bool | None:
     factory = load_factory(name)
     owner = factory if isinstance(factory, type) else getattr(factory, "__self__", None)
     if isinstance(owner, type) and issubclass(owner, Env):
-        return owner.lists_admissible_commands(**kwargs)
+        return owner.lists_admissible_commands(**split_latency(kwargs)[1])
     return None
 
 

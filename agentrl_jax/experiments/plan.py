@@ -191,7 +191,11 @@ def memory_plan(
             "remat": bool(config.model.remat),
             "lora": None
             if lora_cfg is None
-            else {"rank": lora_cfg.rank, "targets": list(lora_cfg.targets)},
+            else {
+                "rank": lora_cfg.rank,
+                "targets": list(lora_cfg.targets),
+                "base_dtype": config.model.lora.base_dtype,
+            },
         },
         "sampler": {
             "mesh": [int(sampler_mesh.shape[a]) for a in sharding.MESH_AXES],
@@ -479,9 +483,10 @@ def format_table(plan: dict[str, Any]) -> str:
     lora = plan["model"].get("lora")
     if lora:
         lines.append(
-            f"LoRA: rank {lora['rank']} on {','.join(lora['targets'])}; Adam moments for the "
-            "adapters alone; the KL reference is the policy's own base (no copy); the sampler's "
-            "copy is the merged weights."
+            f"LoRA: rank {lora['rank']} on {','.join(lora['targets'])}, the frozen base in "
+            f"{lora.get('base_dtype', 'float32')}; Adam moments for the adapters alone; the KL "
+            "reference is the policy's own base (no copy); the sampler's copy is the merged "
+            "weights."
         )
     shared = [p for p in plan["programs"] if p["per_device_bytes"].get("shared")]
     lines += [

@@ -476,9 +476,9 @@ class Learner:
             vmodel = nnx.merge(self.value_graphdef, value_state)
             out["values"] = shift_right(vmodel(batch["tokens"], mask_bt=batch["mask"]))
         if self.spec.envrl is not None and "aux_sp_tokens" in batch:
-            for kind in ("sp", "id"):
+            for index, kind in enumerate(("sp", "id"), start=1):
                 tokens, mask = batch[f"aux_{kind}_tokens"], batch[f"aux_{kind}_mask"]
-                aux_key = None if key is None else jax.random.fold_in(key, len(kind))
+                aux_key = None if key is None else jax.random.fold_in(key, index)
                 out[f"aux_{kind}_logprobs"] = self._token_stats(
                     model, tokens, mask, lora_key=aux_key
                 ).logprobs

@@ -595,6 +595,12 @@ class RunConfig:
                 registry.family(env.name), "config.curriculum.stages", self.curriculum.levels, False
             )
         kwargs = dict(env.kwargs)
+        from agentrl_jax.envs.base import split_latency
+
+        try:  # any family: a delay on every env step (benchmarks, tests)
+            split_latency(kwargs)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("env.kwargs", "config.env.kwargs", 1)) from None
         if rollout.constrain_actions and (
             registry.lists_admissible_commands(env.name, kwargs) is False
         ):
