@@ -27,8 +27,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from configs import tiny_textworld  # noqa: E402
 
 SYSTEM = RolloutConfig().system_prompt
-STOP = {"qwen2_5": "<|im_end|>", "llama3": "<|eot_id|>", "llama3_1": "<|eot_id|>"}
+STOP = {
+    "qwen2_5": "<|im_end|>",
+    "qwen3": "<|im_end|>",
+    "llama3": "<|eot_id|>",
+    "llama3_1": "<|eot_id|>",
+}
 EXACT = sorted(STOP)
+# Qwen3's template drops earlier turns' think blocks: exact for a policy that writes none, i.e.
+# under constrained decoding (actions_think=False), refused otherwise (below).
+THINK_FREE = {"qwen3"}
 
 # Ten turns as an agent plays them, written apart from the module's own probe conversation:
 # observations with whitespace at either end (which Llama 3's template trims), digits, unicode.
@@ -90,7 +98,13 @@ def tokenizers(tmp_path_factory):
 @pytest.mark.parametrize("family", EXACT)
 def test_pieces_concatenate_to_the_whole_conversation_over_ten_turns(tokenizers, family):
     tok, path = tokenizers[family]
-    template = get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
+    template = get_template(
+        "checkpoint",
+        tok,
+        directory=str(path),
+        system_prompt=SYSTEM,
+        actions_think=family not in THINK_FREE,
+    )
     assert template.name == "checkpoint" and template.source == str(path / "chat_template.jinja")
     # The stop token is the template's, as the tokenizer knows it: one id, the checkpoint's EOS.
     assert template.stop_token == STOP[family] == tok.eos_token
@@ -171,7 +185,13 @@ def test_a_rollout_feeds_exactly_the_templates_conversation(tokenizers, family):
     apply_chat_template's ids of the same conversation (the observations as the agent read them)."""
     tok, path = tokenizers[family]
     cfg = RolloutConfig(group_size=1, max_turns=12, max_new_tokens=16, max_seq_len=4096)
-    template = get_template("checkpoint", tok, directory=str(path), system_prompt=cfg.system_prompt)
+    template = get_template(
+        "checkpoint",
+        tok,
+        directory=str(path),
+        system_prompt=cfg.system_prompt,
+        actions_think=family not in THINK_FREE,
+    )
     worker = RolloutWorker(ScriptedPool(), None, tok, template, cfg)
     [traj] = worker.run([Task("scripted", "train", "0")], jax.random.key(0), expert=True)
     assert traj.won and len(traj.steps) == ScriptedPool.STEPS
@@ -199,6 +219,7 @@ def test_qwen3_is_refused_where_it_drops_earlier_think_blocks(tokenizers):
     assert "turn by turn '<think>\\nThe door is locked" in message
     assert "but whole 'unlock door with brass key<|im_end|>" in message
     assert "config.model.template='qwen'" in message
+    assert "constrained decoding (config.rollout.constrain_actions=True)" in message
     # Only the think blocks are in the way: Qwen3's pieces are ChatML (the 'qwen' layout, the
     # <think> tags single ids), exact for actions that do not think.
     source = cc.read_chat_template(path)
@@ -385,3 +406,19 @@ def test_the_tiny_default_config_keeps_the_plain_template():
         config = from_config_dict(tiny_textworld.get_config(arg))
         assert (config.model.checkpoint, config.model.template) == ("", "plain")
         assert get_template(config.model.template) is TEMPLATES["plain"]
+
+
+def test_a_run_takes_qwen3_under_constrained_decoding_only(tokenizers):
+    """The run's template (``build.chat_template``): Qwen3's is checked on the actions the run's
+    decoding can write, so constrained decoding takes it and free decoding refuses it."""
+    from agentrl_jax.run import build
+
+    tok, path = tokenizers["qwen3"]
+    cd = tiny_textworld.get_config()
+    cd.model.tokenizer, cd.model.template = str(path), "checkpoint"
+    assert cd.rollout.constrain_actions
+    template = build.chat_template(from_config_dict(cd), tok)
+    assert template.name == "checkpoint" and template.stop_token == "<|im_end|>"
+    cd.rollout.constrain_actions = False
+    with pytest.raises(cc.ChatTemplateError, match="is not prefix-stable"):
+        build.chat_template(from_config_dict(cd), tok)

@@ -57,7 +57,12 @@ TEMPLATES = {
 
 
 def get_template(
-    name: str, tokenizer=None, *, directory: str = "", system_prompt: str = ""
+    name: str,
+    tokenizer=None,
+    *,
+    directory: str = "",
+    system_prompt: str = "",
+    actions_think: bool = True,
 ) -> ChatTemplate:
     """The chat template called ``name``: a fixed one, or ``"checkpoint"``, read and checked.
 
@@ -67,6 +72,9 @@ def get_template(
       directory: the checkpoint or tokenizer directory whose chat template to read
         (``"checkpoint"`` only).
       system_prompt: the run's system prompt, used in the check (``"checkpoint"`` only).
+      actions_think: the policy's actions may hold think blocks (free decoding); False for
+        constrained decoding, whose actions are admissible commands (``"checkpoint"`` only:
+        a template that drops earlier think blocks, Qwen3's, is then exact).
 
     Raises:
       ValueError: an unknown name; ``"checkpoint"`` without a tokenizer or directory; a
@@ -80,7 +88,7 @@ def get_template(
                 "config.model.tokenizer)"
             )
         return chat_checkpoint.checkpoint_template(
-            directory, tokenizer, system_prompt=system_prompt
+            directory, tokenizer, system_prompt=system_prompt, actions_think=actions_think
         )
     if name not in TEMPLATES:
         valid = sorted((*TEMPLATES, CHECKPOINT))

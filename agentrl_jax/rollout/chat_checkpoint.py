@@ -25,7 +25,11 @@ where the two differ. Refused:
 
 - a template that rewrites earlier turns, e.g. Qwen3's, which drops the ``<think>`` block of every
   assistant turn before the last user message: the context a rollout keeps across turns holds the
-  action as sampled, which is not what the template renders once the next turn is added;
+  action as sampled, which is not what the template renders once the next turn is added. Such a
+  template is accepted for a policy that cannot think: under constrained decoding
+  (``checkpoint_template(..., actions_think=False)``) every action is one of the env's
+  admissible commands, so the check's actions are the probe's without their think blocks (Qwen3
+  is then exact over 10 turns, as ChatML);
 - one whose earlier text changes when a turn is added (the system piece, or a generation prompt
   that the rendered assistant turn does not start with);
 - one whose assistant turn is not closed by a single token (no stop id for the sampler);
@@ -86,10 +90,14 @@ ACTIONS = (
     "go south",
 )
 
+# The probe's actions as a policy under constrained decoding writes them: no think block.
+PLAIN_ACTIONS = tuple(a.split("</think>")[-1].strip() for a in ACTIONS)
+
 _FIXES = (
     "Use a template that renders every turn once, as it was fed: config.model.template='qwen' for "
     "a ChatML checkpoint (Qwen2.5, Qwen3), or a chat_template.jinja of your own beside the "
-    "checkpoint's tokenizer."
+    "checkpoint's tokenizer. A template that only drops think blocks is exact for a policy that "
+    "writes none: constrained decoding (config.rollout.constrain_actions=True) checks it so."
 )
 
 
@@ -308,9 +316,12 @@ def check_prefix_stable(
 
 
 def checkpoint_template(
-    directory: str | pathlib.Path, tokenizer, *, system_prompt: str
+    directory: str | pathlib.Path, tokenizer, *, system_prompt: str, actions_think: bool = True
 ) -> ChatTemplate:
     """The chat template of a checkpoint directory, cut into pieces and checked (run start).
+
+    ``actions_think``: the policy may write think blocks (free decoding), so the check's actions
+    include one; False (constrained decoding: only admissible commands) checks ``PLAIN_ACTIONS``.
 
     Raises:
       FileNotFoundError: no such directory.
@@ -318,7 +329,8 @@ def checkpoint_template(
     """
     source = read_chat_template(directory)
     template = derive_template(tokenizer, source)
-    check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt)
+    actions = ACTIONS if actions_think else PLAIN_ACTIONS
+    check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt, actions=actions)
     return template
 
 
