@@ -196,7 +196,8 @@ def test_no_full_vocabulary_array_in_the_forward_or_backward_program():
 class _FullLogitsLearner(Learner):
     """The learner as it was: per-token stats from the full, masked [B, T, V] logits."""
 
-    def _token_stats(self, model, tokens, mask, *, temperature=1.0, allowed=None):
+    def _token_stats(self, model, tokens, mask, *, temperature=1.0, allowed=None, lora_key=None):
+        assert lora_key is None  # no LoRA dropout here
         return TokenStats(*_reference(model, tokens, mask, temperature, allowed))
 
 
