@@ -68,6 +68,24 @@ def _bad_override(config, arg: str) -> str | None:
     return missing_key(config, arg[len("--config.") :].split("=", 1)[0])
 
 
+def run_config_dict(workdir: str, tool: str):
+    """The saved config of a ``launch.train`` workdir (``WORKDIR/config.json``) as a ConfigDict,
+    for the tools that read a run back (``eval``, ``export``); from then on library logs go to
+    ``WORKDIR/logs/<tool>.log``. A workdir without one fails in one line naming the path."""
+    import json  # noqa: PLC0415
+
+    import ml_collections  # noqa: PLC0415
+
+    from agentrl_jax.run import logs  # noqa: PLC0415
+
+    config_path = os.path.join(workdir, "config.json")
+    if not os.path.isfile(config_path):
+        fail(f"{tool}: {config_path} not found; is {workdir!r} a launch.train workdir?")
+    logs.to_workdir(workdir, tool)
+    with open(config_path) as f:
+        return ml_collections.ConfigDict(json.load(f))
+
+
 def usable_workdir(path: str) -> str:
     """Creates ``path`` if needed and checks that files can be written there.
 

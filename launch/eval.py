@@ -22,11 +22,9 @@ as text (``..._transcripts.md``: what the model read and wrote each turn; defaul
 console (``--alsologtostderr``: both).
 """
 
-import json
 import os
 
 import jax
-import ml_collections
 from absl import app, flags, logging
 
 from agentrl_jax import compile_cache
@@ -98,7 +96,7 @@ def _evaluate(
 def _evaluate_latest(config, workdir: str, name: str):
     """The policy of the run's newest checkpoint, evaluated (``_evaluate``) in the run's parts."""
     from agentrl_jax.run import build
-    from agentrl_jax.run.state import restore_latest
+    from agentrl_jax.run.state import restore_to_play
 
     checkpointer = build.checkpointer(config, workdir)
     try:
@@ -106,18 +104,8 @@ def _evaluate_latest(config, workdir: str, name: str):
             cli.fail(f"eval: no checkpoint under {workdir}/checkpoints")
         parts = build.build(config, paths.absolute(workdir))
         try:
-            critic = build.critic(config, parts.policy)  # the RL state's structure holds it
-            learner = build.rl_learner(
-                config, build.rl_policy(config, parts.policy), critic, parts.mesh
-            )
-            restored = restore_latest(
-                checkpointer,
-                config,
-                policy=parts.policy,
-                critic=critic,
-                learner=learner,
-                mesh=parts.mesh,
-                reference=False,  # not played
+            restored, learner = restore_to_play(
+                checkpointer, config, policy=parts.policy, mesh=parts.mesh
             )
             logging.info(
                 "evaluating checkpoint %d (phase %s, after %d RL iterations)",
@@ -138,12 +126,7 @@ def main(argv):
     workdir = _WORKDIR.value
     if not workdir:
         cli.fail("eval: --workdir=DIR (a launch.train workdir) is required")
-    config_path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(config_path):
-        cli.fail(f"eval: {config_path} not found; is {workdir!r} a launch.train workdir?")
-    logs.to_workdir(workdir, "eval")
-    with open(config_path) as f:
-        cd = ml_collections.ConfigDict(json.load(f))
+    cd = cli.run_config_dict(workdir, "eval")
     if _ENV.value and _ENV.value != cd.env.name:
         cli.fail(f"eval: --env={_ENV.value} but the run trained on {cd.env.name!r}")
     try:  # The run's plugins register its env family (and its losses) before anything asks.

@@ -21,10 +21,8 @@ parameters' own, and a LoRA run's merged weights in the adapters' f32). docs/mod
 "Serve the result", has the serving commands.
 """
 
-import json
 import os
 
-import ml_collections
 from absl import app, flags, logging
 
 from agentrl_jax.run import logs, paths
@@ -50,7 +48,7 @@ def restore_policy(config, workdir: str):
     from flax import nnx
 
     from agentrl_jax.run import build
-    from agentrl_jax.run.state import restore_latest
+    from agentrl_jax.run.state import restore_to_play
 
     def no_corpus():
         cli.fail(f"export: {workdir}/tokenizer: the run's tokenizer is missing")
@@ -62,17 +60,7 @@ def restore_policy(config, workdir: str):
         tok = build.tokenizer(config, workdir, no_corpus)
         mesh = build.device_mesh(config)
         policy = build.policy(config, len(tok), mesh)
-        critic = build.critic(config, policy)
-        learner = build.rl_learner(config, build.rl_policy(config, policy), critic, mesh)
-        restored = restore_latest(
-            checkpointer,
-            config,
-            policy=policy,
-            critic=critic,
-            learner=learner,
-            mesh=mesh,
-            reference=False,
-        )
+        restored, learner = restore_to_play(checkpointer, config, policy=policy, mesh=mesh)
     finally:
         checkpointer.close()
     if restored.meta.run.phase == "sft":  # the plain policy's state
@@ -84,10 +72,9 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
     """Writes the newest checkpoint's policy of the run in ``workdir`` to ``out`` (see the
     module docstring); returns the paths written ({"checkpoint": ...} or {"base": ...,
     "adapter": ...})."""
-    import jax.numpy as jnp
-
     from agentrl_jax.models import hf_checkpoint, peft
     from agentrl_jax.models import lora as lora_lib
+    from agentrl_jax.run.build import DTYPES
 
     if what == "adapter" and config.model.lora.rank == 0:
         cli.fail(
@@ -101,7 +88,7 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
         restored.meta.run.phase,
         restored.meta.run.rl_iteration,
     )
-    storage = None if dtype is None else {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[dtype]
+    storage = None if dtype is None else DTYPES[dtype]
     if what == "merged":
         if storage is None and model.cfg.lora is not None:
             storage = model.cfg.lora.param_dtype  # the merge's f32 sums, not the base's dtype
@@ -125,12 +112,7 @@ def main(argv):
     workdir, out = _WORKDIR.value, _OUT.value
     if not workdir or not out:
         cli.fail("export: --workdir=DIR (a launch.train workdir) and --out=DIR are required")
-    config_path = os.path.join(workdir, "config.json")
-    if not os.path.isfile(config_path):
-        cli.fail(f"export: {config_path} not found; is {workdir!r} a launch.train workdir?")
-    logs.to_workdir(workdir, "export")
-    with open(config_path) as f:
-        cd = ml_collections.ConfigDict(json.load(f))
+    cd = cli.run_config_dict(workdir, "export")
     try:
         import_plugins(tuple(cd.get("plugins", ()) or ()))
         import jax

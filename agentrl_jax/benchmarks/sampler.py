@@ -40,6 +40,7 @@ written by ``save_hf_checkpoint``; the run fails if its logits differ from ours 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import statistics
 import tempfile
@@ -469,11 +470,7 @@ def _multi_turn(
     size = turns * (obs_len + action)
 
     def ours(num_turns=turns):
-        cache = sampler.start(sizes.batch, size)
-        for turn in range(num_turns):
-            out = sampler.step_turn(cache, obs[turn], action, jax.random.key(turn))
-            np.asarray(out.tokens)  # the actions go to the environments on the host
-            cache = out.cache
+        _play(sampler, obs[:num_turns], action, size)
 
     def ref(num_turns=turns):
         conversation = np.zeros((sizes.batch, 0), np.int32)
@@ -506,14 +503,18 @@ def _lora_multi_turn(policy, cfg, sizes: Sizes, rng) -> tuple[Runs, Runs]:
     obs = [_random_rows(rng, cfg, sizes.batch, sizes.obs_len) for _ in range(sizes.turns)]
     size = sizes.turns * (sizes.obs_len + sizes.action_len)
 
-    def episode(sampler):
-        cache = sampler.start(sizes.batch, size)
-        for turn in range(sizes.turns):
-            out = sampler.step_turn(cache, obs[turn], sizes.action_len, jax.random.key(turn))
-            np.asarray(out.tokens)
-            cache = out.cache
+    merged, unmerged = (functools.partial(_play, s, obs, sizes.action_len, size) for s in samplers)
+    return interleaved(merged, unmerged, sizes.repeats)
 
-    return interleaved(lambda: episode(samplers[0]), lambda: episode(samplers[1]), sizes.repeats)
+
+def _play(sampler: Sampler, obs: list[np.ndarray], action: int, size: int) -> None:
+    """One batch of episodes, a turn per ``obs`` entry: each turn prefills its [B, T] new ids
+    and samples ``action`` tokens, in a cache of ``size`` slots kept across the turns."""
+    cache = sampler.start(obs[0].shape[0], size)
+    for turn, new_ids in enumerate(obs):
+        out = sampler.step_turn(cache, new_ids, action, jax.random.key(turn))
+        np.asarray(out.tokens)  # the actions go to the environments on the host
+        cache = out.cache
 
 
 def _group_first_turn(policy, cfg, sizes: Sizes, rng) -> tuple[Runs, Runs]:

@@ -209,3 +209,31 @@ def restore_latest(
                 build.reference_copy(template["train"].policy, learner.spec.kl.reference_dtype),
             )
     return Restored(step, meta, state["train"], ref)
+
+
+def restore_to_play(
+    checkpointer: Checkpointer, config: RunConfig, *, policy: Any, mesh: Any = None
+):
+    """``(restored, learner)``: the newest checkpoint (None if none) as ``launch.eval`` and
+    ``launch.export`` read it, to play or write its policy: no KL reference, and the run's RL
+    learner (``build.rl_learner`` of ``build.rl_policy``), whose ``policy_graphdef`` an RL-phase
+    policy state is of.
+
+    Args:
+      checkpointer: the run's checkpoints.
+      config: the run's config.
+      policy: the run's policy (its shapes and layouts).
+      mesh: the learner's mesh.
+    """
+    critic = build.critic(config, policy)  # the RL state's structure holds it
+    learner = build.rl_learner(config, build.rl_policy(config, policy), critic, mesh)
+    restored = restore_latest(
+        checkpointer,
+        config,
+        policy=policy,
+        critic=critic,
+        learner=learner,
+        mesh=mesh,
+        reference=False,  # not played
+    )
+    return restored, learner
