@@ -10,6 +10,7 @@ r"""Benchmarks, measured side by side against a reference in the same run.
     python -m launch.bench iteration --out iteration.json  # whole RL iterations, phase by phase
     python -m launch.bench iteration --model=qwen2.5-0.5b --out iteration.json  # accelerator
     python -m launch.bench parity --out parity.json   # bf16 logits vs transformers, vs f32
+    python -m launch.bench rollout --out rollout.json # slow envs: continuous batching vs waves
 
 Each prints a table and writes JSON with, per workload, ``ours``, ``reference``, ``ratio`` and
 ``unit``. ``--quick`` shrinks every workload (used by the tests to check the plumbing).
@@ -31,6 +32,7 @@ BENCHMARKS = (
     "device",
     "iteration",
     "parity",
+    "rollout",
 )
 
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON report.")

@@ -156,8 +156,10 @@ def test_resets_are_pipelined(faulty_pool):
     assert pending.result() is results
 
 
-def test_pool_is_deterministic_and_matches_sequential(textworld_games):
-    """TextWorld through 2 workers equals one env played sequentially, step for step."""
+@pytest.mark.parametrize("concurrent", [False, True], ids=["in_turn", "concurrent"])
+def test_pool_is_deterministic_and_matches_sequential(textworld_games, concurrent):
+    """TextWorld through 2 workers equals one env played sequentially, step for step, whether
+    a worker steps its envs in turn or side by side (``concurrent_envs``)."""
     tasks = textworld_games["train"] + textworld_games["valid"]
     kwargs = {"reward": "dense", "max_steps": 8}
     scripts = ["look", "inventory", "xyzzy", "go north", "go south", "take all", "look", "open it"]
@@ -174,7 +176,10 @@ def test_pool_is_deterministic_and_matches_sequential(textworld_games):
                 break
         sequential.append(steps)
 
-    with ActorPool("textworld", kwargs, num_workers=2, envs_per_worker=2) as pool:
+    pool = ActorPool(
+        "textworld", kwargs, num_workers=2, envs_per_worker=2, concurrent_envs=concurrent
+    )
+    with pool:
         for _ in range(2):  # Twice: a reused pool gives the same answers.
             resets = pool.reset(tasks)
             assert [r.info["state_key"] for r in resets] == reset_keys
@@ -317,3 +322,71 @@ def test_step_latency_wraps_any_env_and_changes_no_answer():
     for bad in (-1, [0.2, 0.1], "slow", [0.1], True):
         with pytest.raises(ValueError, match="env.kwargs.step_latency_s is .*; expected seconds"):
             parse_latency(bad)
+
+
+def test_concurrent_envs_wait_side_by_side_in_one_worker():
+    """With ``concurrent_envs`` one worker's envs step at once: 4 steps of 0.3 s take ~0.3 s
+    (in turn, 1.2 s); the answers are the same."""
+    tasks = _tasks(4)
+    answers = {}
+    for concurrent in (False, True):
+        with ActorPool(
+            "faulty-test",
+            {"step_latency_s": 0.3},
+            num_workers=1,
+            envs_per_worker=4,
+            concurrent_envs=concurrent,
+        ) as pool:
+            pool.reset(tasks)
+            t0 = time.perf_counter()
+            out = pool.step(["a", "b", "c", "d"])
+            waited = time.perf_counter() - t0
+            answers[concurrent] = [(r.observation.text, r.reward, r.done) for r in out]
+        if concurrent:
+            assert 0.3 <= waited < 0.7, waited
+        else:
+            assert waited >= 1.2, waited
+    assert answers[True] == answers[False]
+
+
+def test_submit_and_poll_slot_by_slot():
+    """``submit`` returns at once; ``poll`` hands back each slot's answer as it arrives, so a
+    slot can be stepped again (or reset with a new task) while others are still stepping."""
+    with ActorPool(
+        "faulty-test",
+        {"hang_s": 1.0},
+        num_workers=1,
+        envs_per_worker=3,
+        concurrent_envs=True,
+        step_timeout_s=5.0,
+    ) as pool:
+        pool.submit("reset", dict(enumerate(_tasks(3))))
+        got = {}
+        while len(got) < 3:
+            got.update(pool.poll())
+        assert [got[s].observation.text for s in range(3)] == ["0:0", "1:0", "2:0"]
+        t0 = time.perf_counter()
+        pool.submit("step", {0: "hang", 1: "a"})  # slot 0 sleeps 1 s
+        first = pool.poll()
+        assert list(first) == [1] and first[1].observation.text == "1:1:a"
+        assert time.perf_counter() - t0 < 0.5
+        pool.submit("step", {1: "b"})
+        pool.submit("reset", {2: Task("faulty-test", "train", "7", ())})
+        got = {}
+        while len(got) < 2:
+            got.update(pool.poll())
+        assert got[1].observation.text == "1:2:b" and got[2].observation.text == "7:0"
+        assert pool.poll(timeout=0.0) == {} or pool.in_flight
+        late = pool.poll()
+        assert late[0].observation.text == "0:1:hang" and pool.in_flight == 0
+        assert pool.poll(timeout=0.0) == {}
+        with pytest.raises(ValueError, match="slot 3 is outside the pool"):
+            pool.submit("step", {3: "a"})
+        pool.submit("step", {1: "c"})  # the third step ends it (done)
+        assert pool.poll()[1].done
+        with pytest.raises(ValueError, match="episode in slot 1 is done; reset it before stepping"):
+            pool.submit("step", {1: "d"})
+        pool.submit("step", {0: "a"})
+        with pytest.raises(ValueError, match="slot 0 has an op in flight"):
+            pool.submit("step", {0: "a"})
+        assert pool.poll()[0].observation.text == "0:2:a"

@@ -139,7 +139,13 @@ def chaos_trainer(tmp_path_factory):
         curriculum=Curriculum(config.curriculum),
         rl_tasks=TASKS,
     )
-    for name in ("rl_iteration", "policy_in_sampler", "_sync_sampler"):
+    for name in (
+        "rl_iteration",
+        "_iteration_draws",
+        "_learn",
+        "policy_in_sampler",
+        "_sync_sampler",
+    ):
         setattr(trainer, name, functools.partial(getattr(Trainer, name), trainer))
     yield trainer
     pool.close()

@@ -79,6 +79,11 @@ with open(SNAPSHOT) as _f:
             # issue #31: importance weights for the sampler's log-probs, off unless asked for.
             "rl.off_policy_correction": "none",
             "rl.is_cap": 2.0,
+            # issue #31: continuous batching, concurrent env steps and asynchronous RL, off.
+            "rollout.batching": "waves",
+            "rollout.cohorts": 2,
+            "rollout.max_staleness": 0,
+            "env.concurrent_steps": False,
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()

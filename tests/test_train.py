@@ -177,6 +177,17 @@ LORA_FLAGS = (
 )
 
 
+# Asynchronous RL: rollouts a policy one update old, TIS, continuous batching, envs stepped side
+# by side.
+ASYNC_FLAGS = (
+    "--config.rollout.max_staleness=1",
+    "--config.rl.off_policy_correction=tis",
+    "--config.rollout.batching=continuous",
+    "--config.rollout.cohorts=2",
+    "--config.env.concurrent_steps=True",
+)
+
+
 def _launch(workdir, cache, compile_cache, *extra, **env):
     os.makedirs(workdir, exist_ok=True)
     log = workdir.parent / f"{workdir.name}.log"
@@ -202,6 +213,16 @@ def lora_run(textworld_games, tmp_path_factory, compile_cache):
     workdir = tmp_path_factory.mktemp("train") / "lora"
     (text,) = train_cli.finish(
         _launch(workdir, textworld_games["root"], compile_cache, *LORA_FLAGS)
+    )
+    return workdir, text
+
+
+@pytest.fixture(scope="module")
+def async_run(textworld_games, tmp_path_factory, compile_cache):
+    """The reference run with asynchronous RL (``ASYNC_FLAGS``), uninterrupted."""
+    workdir = tmp_path_factory.mktemp("train") / "async"
+    (text,) = train_cli.finish(
+        _launch(workdir, textworld_games["root"], compile_cache, *ASYNC_FLAGS)
     )
     return workdir, text
 
@@ -246,6 +267,23 @@ def test_lora_run_trains_the_adapters_only_and_exports_them(lora_run, reference_
     assert len(config["target_modules"]) == 7
     assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
     assert not (ref_dir / "adapter").exists()
+
+
+def test_async_run_trains_each_iteration_on_a_rollout_one_update_old(async_run, reference_run):
+    """``rollout.max_staleness=1``: iteration 1 trains on a rollout of the policy as RL began
+    (staleness 0: the first rollout is played before any update), iterations 2 and 3 on ones
+    played during the update before them (staleness 1), weighed by TIS. The first rollout is
+    the on-policy run's."""
+    workdir, text = async_run
+    scalars = read_scalars(str(workdir / "tensorboard"))
+    assert _last_by_step(scalars, "rollout/staleness") == {1: 0.0, 2: 1.0, 3: 1.0}
+    weights = _last_by_step(scalars, "off_policy/is_weight_mean")
+    assert sorted(weights) == [1, 2, 3] and all(0.0 < w <= 2.0 for w in weights.values())
+    ref = read_scalars(str(reference_run[0] / "tensorboard"))
+    # Both runs' first rollout is the SFT policy's, on the same tasks and keys.
+    for tag in ("rollout/return", "rollout/tokens_per_episode"):
+        assert _last_by_step(scalars, tag)[1] == _last_by_step(ref, tag)[1], tag
+    assert "rl 3/3" in text
 
 
 def test_train_entry_point_runs_sft_rl_and_evaluation(reference_run):
@@ -427,24 +465,36 @@ KILLS = {
 }
 
 
+# Asynchronous RL: each rollout's two cohorts reach the kill point once each (their turn 1):
+# rollout 0 (played first) #1-2, rollout 1 (during update 0) #3-4, rollout 2 (during update 1)
+# #5-6. The kill lands in rollout 2, in the background, while iteration 1 updates: checkpoint 2
+# (after iteration 1) holds rollout 1 not yet trained on, finished before it was written.
+ASYNC_KILLS = {"rollout:5": "resumed from checkpoint 2 (phase rl, after RL iteration 1)"}
+
+
 @pytest.mark.parametrize(
-    "kill, lora",
+    "kill, variant",
     [
         # The default suite's: the cheapest one that resumes mid-RL from a later checkpoint.
-        pytest.param("update:2", False, id="update:2"),
-        *(pytest.param(k, False, marks=pytest.mark.slow, id=k) for k in KILLS if k != "update:2"),
+        pytest.param("update:2", "full", id="update:2"),
+        *(pytest.param(k, "full", marks=pytest.mark.slow, id=k) for k in KILLS if k != "update:2"),
         # A LoRA run (adapters, their moments, the base in the state) resumes the same way.
-        pytest.param("update:2", True, marks=pytest.mark.slow, id="update:2-lora"),
+        pytest.param("update:2", "lora", marks=pytest.mark.slow, id="update:2-lora"),
+        # Asynchronous RL: killed in a rollout played in the background during an update.
+        pytest.param("rollout:5", "async", id="rollout:5-async"),
     ],
 )
 def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
-    kill, lora, request, textworld_games, compile_cache, tmp_path
+    kill, variant, request, textworld_games, compile_cache, tmp_path
 ):
     """A real SIGKILL at ``kill`` (``agentrl_jax/chaos.py``), then the same command again: the
     resumed run restores the checkpoint before the kill and ends with every metric and the whole
-    train state of the uninterrupted run, bit for bit (float32 on the CPU)."""
-    ref_dir, _ = request.getfixturevalue("lora_run" if lora else "reference_run")
-    extra = LORA_FLAGS if lora else ()
+    train state of the uninterrupted run, bit for bit (float32 on the CPU). An asynchronous run
+    trains on the same episodes: those its checkpoint held played ahead are neither lost nor
+    played again."""
+    fixture = {"full": "reference_run", "lora": "lora_run", "async": "async_run"}[variant]
+    ref_dir, _ = request.getfixturevalue(fixture)
+    extra = {"full": (), "lora": LORA_FLAGS, "async": ASYNC_FLAGS}[variant]
     cache = textworld_games["root"]
     run_dir = tmp_path / "run"
     killed = _launch(run_dir, cache, compile_cache, *extra, AGENTRL_CHAOS_KILL=kill)
@@ -460,7 +510,7 @@ def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
 
     # The same command with the same workdir resumes, from before the kill.
     (text,) = train_cli.finish(_launch(run_dir, cache, compile_cache, *extra))
-    assert KILLS[kill] in text, text[-4000:]
+    assert {**KILLS, **ASYNC_KILLS}[kill] in text, text[-4000:]
 
     # Every scalar but the timings, the whole final train state and the reports, bit for bit.
     result = compare(ref_dir, run_dir)

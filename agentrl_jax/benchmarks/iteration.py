@@ -65,6 +65,8 @@ class Spec:
     model: str = "tiny"
     checkpoint: str = ""  # the model's checkpoint directory ("" for the tiny default's)
     quick: bool = False
+    # Config fields set last, ("rollout.max_staleness", 1) ... (another bench's variants).
+    overrides: tuple[tuple[str, Any], ...] = ()
 
     @property
     def iterations(self) -> int:
@@ -92,6 +94,12 @@ def bench_config(spec: Spec):
         if not spec.quick:
             cd.model.update(dtype="bfloat16", remat="full", scan_layers=True)
             cd.rl.microbatch_size = 8
+    for path, value in spec.overrides:
+        *sections, name = path.split(".")
+        node = cd
+        for section in sections:
+            node = node[section]
+        node[name] = value
     return from_config_dict(cd)
 
 
@@ -273,7 +281,9 @@ def main() -> None:
     parser.add_argument("--out", help="child: where to write its measurements")
     parser.add_argument("--prepare", help="write the model's checkpoint into this directory")
     args = parser.parse_args()
-    spec = Spec(**json.loads(args.spec))
+    fields = json.loads(args.spec)
+    fields["overrides"] = tuple(tuple(o) for o in fields.get("overrides", ()))
+    spec = Spec(**fields)
     if args.prepare:
         write_checkpoint(spec, args.prepare)
     else:

@@ -6,18 +6,29 @@
         results = pending.result()               # list[StepResult], one per task
         results = pool.step(["go north", ...])   # one action per episode (None: skip it)
 
+Or slot by slot, without waiting for a whole batch (the rollout's continuous batching):
+
+        pool.submit("reset", {0: task_a, 5: task_b})  # returns at once
+        pool.submit("step", {3: "open door"})
+        answers = pool.poll(timeout=1.0)        # {slot: StepResult}, whatever has arrived
+
 Episode ``i`` of a batch lives in slot ``i``; slots are spread round-robin over the workers
 (slot ``i`` -> worker ``i % num_workers``), so even a small batch uses every worker. Each worker
 owns ``envs_per_worker`` envs built through the registry by name, so any registered family
-(TextWorld, ALFWorld, SWE) runs here; the pool knows nothing about any of them.
+(TextWorld, ALFWorld, SWE) runs here; the pool knows nothing about any of them. A worker steps
+its envs' steps concurrently with ``concurrent_envs=True`` (``env.concurrent_steps``), each env
+on a thread of its own: a slow step (a test suite, a remote env, ``env.kwargs.step_latency_s``)
+then holds up only its own episode, and engines that release the GIL (TextWorld's, subprocesses)
+run side by side. An env's own ops never overlap: the pool sends an episode's next op only after
+its answer. Resets always run one at a time (loading a TextWorld game is not thread-safe).
 
-Faults: a worker that dies (segfault, ``os._exit``, OOM kill) or sends nothing for
-``step_timeout_s`` (``reset_timeout_s`` for a reset) is killed and restarted. Every live episode
-it held is lost: its result in the current call, or its next step if it was not stepped, comes
-back with ``infra_failure=True`` and ``done=True`` so the trainer can drop it from the update.
-An env that raises an exception fails only that episode (the worker lives on). ``pool.metrics``
-counts all of it. Results never depend on which worker ran an episode, so a pool is as
-deterministic as its envs.
+Faults: a worker that dies (segfault, ``os._exit``, OOM kill), or that has not answered an op
+within ``step_timeout_s`` (``reset_timeout_s`` for a reset) of sending it, is killed and
+restarted. Every live episode it held is lost: its op in flight, or its next step if it had
+none, comes back with ``infra_failure=True`` and ``done=True`` so the trainer can drop it from
+the update. An env that raises an exception fails only that episode (the worker lives on).
+``pool.metrics`` counts all of it. Results never depend on which worker ran an episode, so a
+pool is as deterministic as its envs.
 
 Scripts: the workers start through multiprocessing's forkserver (or spawn), which imports the
 main module again in each worker. A script must build its pool under
@@ -45,6 +56,7 @@ import time
 import traceback
 import weakref
 from collections.abc import Sequence
+from concurrent import futures
 from typing import Any
 
 from agentrl_jax.envs import base, registry
@@ -95,12 +107,14 @@ class PendingResets:
 class _Worker:
     """The parent's handle on one worker process."""
 
-    def __init__(self, ctx, index: int, env_path: str, env_kwargs: dict, num_envs: int):
+    def __init__(
+        self, ctx, index: int, env_path: str, env_kwargs: dict, num_envs: int, concurrent: bool
+    ):
         self.index = index
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child_conn, env_path, env_kwargs, num_envs, os.getpid()),
+            args=(child_conn, env_path, env_kwargs, num_envs, os.getpid(), concurrent),
             name=f"agentrl-env-worker-{index}",
             daemon=True,
         )
@@ -157,6 +171,9 @@ class ActorPool:
       start_timeout_s: how long a worker may take to start and build its envs.
       mp_context: "forkserver" (default) or "spawn"; never "fork", which is unsafe once JAX or
         any other threaded library is loaded in the parent.
+      concurrent_envs: a worker runs each env's steps on a thread of its own, so its envs step
+        side by side (for envs whose steps wait: remote, subprocesses, a step latency); False
+        (default) steps them one after another.
     """
 
     def __init__(
@@ -170,6 +187,7 @@ class ActorPool:
         reset_timeout_s: float = 120.0,
         start_timeout_s: float = 120.0,
         mp_context: str = "forkserver",
+        concurrent_envs: bool = False,
     ):
         if mp_context not in ("forkserver", "spawn"):
             raise ValueError(f"mp_context={mp_context!r}: expected 'forkserver' or 'spawn'")
@@ -192,6 +210,7 @@ class ActorPool:
         self.step_timeout_s = step_timeout_s
         self.reset_timeout_s = reset_timeout_s
         self.start_timeout_s = start_timeout_s
+        self.concurrent_envs = concurrent_envs
         self._env_path = registry.resolve(env_name)  # Raises on an unknown name, here.
         self._env_kwargs = dict(env_kwargs or {})
         self._ctx = mp.get_context(mp_context)
@@ -208,11 +227,14 @@ class ActorPool:
         }
         self._workers: list[_Worker] = []
         self._closed = False
-        # Per-episode state of the current batch.
-        self._alive: list[bool] = []
-        self._lost: list[str | None] = []
+        # Per slot: a live episode; why it was lost (reported at its next step).
+        self._alive: list[bool] = [False] * self.capacity
+        self._lost: list[str | None] = [None] * self.capacity
+        self._batch = 0  # episodes of the last ``reset_async`` (the batch ``step`` takes)
         self._pending: PendingResets | None = None
-        self._pending_op: tuple[str, dict[int, Any], float] | None = None
+        # Ops sent and not answered: slot -> (kind, deadline, timeout_s).
+        self._inflight: dict[int, tuple[str, float, float]] = {}
+        self._early: dict[int, StepResult] = {}  # answers known at submit (lost episodes)
         try:
             for w in range(self.num_workers):
                 self._workers.append(self._start_worker(w, wait=False))
@@ -231,7 +253,8 @@ class ActorPool:
     def reset_async(self, tasks: Sequence[Task]) -> PendingResets:
         """Starts resetting one env per task and returns at once (collect with ``.result()``).
 
-        Episode ``i`` of the new batch is ``tasks[i]``; the previous batch is forgotten.
+        Episode ``i`` of the new batch is ``tasks[i]``, in slot ``i``; the previous batch is
+        forgotten.
         """
         self._check_open()
         if self._pending is not None:
@@ -241,9 +264,11 @@ class ActorPool:
                 f"got {len(tasks)} tasks; the pool holds 1..{self.capacity} episodes "
                 f"({self.num_workers} workers x {self.envs_per_worker} envs)"
             )
-        self._alive = [True] * len(tasks)
-        self._lost = [None] * len(tasks)
-        self._send("reset", dict(enumerate(tasks)), self.reset_timeout_s)
+        self._drain()
+        self._alive = [False] * self.capacity
+        self._lost = [None] * self.capacity
+        self._batch = len(tasks)
+        self.submit("reset", dict(enumerate(tasks)))
         self._pending = PendingResets(self, len(tasks))
         return self._pending
 
@@ -265,30 +290,106 @@ class ActorPool:
         self._check_open()
         if self._pending is not None:
             raise RuntimeError("collect the pending resets (.result()) before stepping")
-        if len(actions) != len(self._alive):
-            raise ValueError(
-                f"got {len(actions)} actions for a batch of {len(self._alive)} episodes"
-            )
-        items, out = {}, [None] * len(actions)
-        for ep, action in enumerate(actions):
-            if action is None:
-                continue
-            if self._lost[ep] is not None:
-                out[ep] = _failure(self._lost[ep])
-                self._alive[ep] = False
-                self._lost[ep] = None
-                self.metrics["infra_failures"] += 1
-            elif not self._alive[ep]:
+        if len(actions) != self._batch:
+            raise ValueError(f"got {len(actions)} actions for a batch of {self._batch} episodes")
+        items = {ep: a for ep, a in enumerate(actions) if a is not None}
+        for ep in items:
+            if not self._alive[ep] and self._lost[ep] is None:
                 raise ValueError(f"episode {ep} is done; pass None as its action")
-            else:
-                items[ep] = action
+        out: list[StepResult | None] = [None] * len(actions)
         if items:
             t0 = time.perf_counter()
-            self._send("step", items, self.step_timeout_s)
-            for ep, result in self._gather().items():
+            self.submit("step", items)
+            for ep, result in self._wait_all().items():
                 out[ep] = result
             self.metrics["step_wait_s"] += time.perf_counter() - t0
         return out
+
+    def submit(self, kind: str, items: dict[int, Any]) -> None:
+        """Sends ops and returns at once: ``kind`` "reset" with ``{slot: task}`` (a new episode
+        in each slot) or "step" with ``{slot: action}``. Collect the answers with ``poll``.
+
+        Raises:
+          ValueError: a slot outside the pool, a slot with an op still in flight, or a step of
+            a slot whose episode is done.
+        """
+        self._check_open()
+        if kind not in ("reset", "step"):
+            raise ValueError(f"submit: kind={kind!r}, expected 'reset' or 'step'")
+        for slot in items:
+            if not 0 <= slot < self.capacity:
+                raise ValueError(f"slot {slot} is outside the pool (0..{self.capacity - 1})")
+            if slot in self._inflight:
+                raise ValueError(f"slot {slot} has an op in flight; poll for its answer first")
+        send = {}
+        for slot, payload in items.items():
+            if kind == "reset":
+                self._alive[slot], self._lost[slot] = True, None
+            elif self._lost[slot] is not None:  # its worker died: the episode is gone
+                self._early[slot] = _failure(self._lost[slot])
+                self._alive[slot], self._lost[slot] = False, None
+                self.metrics["infra_failures"] += 1
+                continue
+            elif not self._alive[slot]:
+                raise ValueError(f"episode in slot {slot} is done; reset it before stepping")
+            send[slot] = payload
+        timeout_s = self.reset_timeout_s if kind == "reset" else self.step_timeout_s
+        deadline = time.monotonic() + timeout_s
+        by_worker: dict[int, list[tuple[int, Any]]] = {}
+        for slot, payload in send.items():
+            w, local = self._locate(slot)
+            by_worker.setdefault(w, []).append((local, payload))
+            self._inflight[slot] = (kind, deadline, timeout_s)
+        for w, batch in by_worker.items():
+            # A dead worker fails the send: poll then sees EOF on its pipe and restarts it.
+            with contextlib.suppress(OSError, ValueError):
+                self._workers[w].conn.send((kind, batch))
+
+    def poll(self, timeout: float | None = None) -> dict[int, StepResult]:
+        """The answers that have arrived, ``{slot: StepResult}``, waiting up to ``timeout``
+        seconds for the first (None: until one arrives or nothing is in flight; 0: no wait).
+
+        A worker that crashed or passed an op's deadline is restarted here: its ops in flight
+        come back as infra failures, and its other live episodes are lost (their next step
+        answers so).
+        """
+        out, self._early = self._early, {}
+        end = None if timeout is None else time.monotonic() + timeout
+        while self._inflight and not out:
+            waiting = {self._locate(slot)[0] for slot in self._inflight}
+            conns = {self._workers[w].conn: w for w in waiting}
+            now = time.monotonic()
+            wait = min(d for _, d, _ in self._inflight.values()) - now
+            if end is not None:
+                wait = min(wait, end - now)
+            for conn in mp_connection.wait(list(conns), timeout=max(0.0, wait)):
+                w = conns[conn]
+                try:
+                    while conn.poll():
+                        local, result = conn.recv()
+                        slot = local * self.num_workers + w
+                        kind, _, _ = self._inflight.pop(slot)
+                        out[slot] = self._account(slot, kind, result)
+                except (EOFError, OSError):
+                    self.metrics["worker_crashes"] += 1
+                    self._replace_worker(w, out, "crashed")
+            now = time.monotonic()
+            late = {
+                self._locate(slot)[0]: (kind, limit)
+                for slot, (kind, deadline, limit) in self._inflight.items()
+                if deadline <= now
+            }
+            for w, (_, limit) in late.items():
+                self.metrics["worker_hangs"] += 1
+                self._replace_worker(w, out, f"hung > {limit:g} s")
+            if end is not None and time.monotonic() >= end:
+                break
+        return out
+
+    @property
+    def in_flight(self) -> int:
+        """Ops sent and not yet answered (or answered and not yet polled)."""
+        return len(self._inflight) + len(self._early)
 
     def close(self) -> None:
         """Stops every worker (asks, then kills after a grace period). Safe to call twice."""
@@ -322,7 +423,14 @@ class ActorPool:
             raise RuntimeError("the actor pool is closed")
 
     def _start_worker(self, index: int, *, wait: bool = True) -> _Worker:
-        worker = _Worker(self._ctx, index, self._env_path, self._env_kwargs, self.envs_per_worker)
+        worker = _Worker(
+            self._ctx,
+            index,
+            self._env_path,
+            self._env_kwargs,
+            self.envs_per_worker,
+            self.concurrent_envs,
+        )
         if wait:
             worker.wait_ready(self.start_timeout_s)
         return worker
@@ -330,83 +438,56 @@ class ActorPool:
     def _locate(self, episode: int) -> tuple[int, int]:
         return episode % self.num_workers, episode // self.num_workers
 
-    def _send(self, kind: str, items: dict[int, Any], timeout_s: float) -> None:
-        by_worker: dict[int, list[tuple[int, Any]]] = {}
-        for ep, payload in items.items():
-            w, local = self._locate(ep)
-            by_worker.setdefault(w, []).append((local, payload))
-        self._pending_op = (kind, items, timeout_s)
-        for w, batch in by_worker.items():
-            # A dead worker fails the send: _gather then sees EOF on its pipe and restarts it.
-            with contextlib.suppress(OSError, ValueError):
-                self._workers[w].conn.send((kind, batch))
-
     def _collect(self, pending: PendingResets, episodes: int) -> list[StepResult]:
         if pending is not self._pending:
             raise RuntimeError("these resets were superseded or already collected")
         t0 = time.perf_counter()
         try:
-            results = self._gather()
+            results = self._wait_all()
         finally:
             self._pending = None
         self.metrics["reset_wait_s"] += time.perf_counter() - t0
         return [results[ep] for ep in range(episodes)]
 
-    def _gather(self) -> dict[int, StepResult]:
-        """Collects the answers to the op in flight, restarting workers that crash or hang."""
-        kind, items, timeout_s = self._pending_op
-        self._pending_op = None
-        waiting: dict[int, set[int]] = {}
-        for ep in items:
-            w, _ = self._locate(ep)
-            waiting.setdefault(w, set()).add(ep)
-        results: dict[int, StepResult] = {}
-        deadline = {w: time.monotonic() + timeout_s for w in waiting}
-        while waiting:
-            conns = {self._workers[w].conn: w for w in waiting}
-            timeout = max(0.0, min(deadline[w] for w in waiting) - time.monotonic())
-            for conn in mp_connection.wait(list(conns), timeout=timeout):
-                w = conns[conn]
-                try:
-                    local, result = conn.recv()
-                except (EOFError, OSError):
-                    self.metrics["worker_crashes"] += 1
-                    self._replace_worker(w, waiting.pop(w), results, "crashed", kind)
-                    continue
-                ep = local * self.num_workers + w
-                results[ep] = result
-                waiting[w].discard(ep)
-                deadline[w] = time.monotonic() + timeout_s
-                if not waiting[w]:
-                    del waiting[w]
-            now = time.monotonic()
-            for w in [w for w in waiting if deadline[w] <= now]:
-                self.metrics["worker_hangs"] += 1
-                self._replace_worker(w, waiting.pop(w), results, f"hung > {timeout_s:g} s", kind)
-        for ep, result in results.items():
-            if result.infra_failure:
-                self.metrics["infra_failures"] += 1
-                if (result.error or "").startswith("env raised"):
-                    self.metrics["env_exceptions"] += 1
-            if result.done:
-                self._alive[ep] = False
-        self.metrics["resets" if kind == "reset" else "steps"] += len(items)
-        return results
+    def _wait_all(self) -> dict[int, StepResult]:
+        """Every answer to the ops in flight."""
+        out: dict[int, StepResult] = {}
+        while self.in_flight:
+            out.update(self.poll())
+        return out
 
-    def _replace_worker(
-        self, w: int, unanswered: set[int], results: dict[int, StepResult], why: str, kind: str
-    ) -> None:
-        """Kills and restarts worker ``w``; every live episode it held is lost."""
+    def _drain(self) -> None:
+        """Waits out (and drops) what is still in flight: a new batch starts clean."""
+        self._wait_all()
+
+    def _account(self, slot: int, kind: str, result: StepResult) -> StepResult:
+        if result.infra_failure:
+            self.metrics["infra_failures"] += 1
+            if (result.error or "").startswith("env raised"):
+                self.metrics["env_exceptions"] += 1
+        if result.done:
+            self._alive[slot] = False
+        self.metrics["resets" if kind == "reset" else "steps"] += 1
+        return result
+
+    def _replace_worker(self, w: int, out: dict[int, StepResult], why: str) -> None:
+        """Kills and restarts worker ``w``; every live episode it held is lost: an op in flight
+        answers with a failure now (into ``out``), another live episode at its next step."""
         self._workers[w].kill()
         self._workers[w] = self._start_worker(w)
         self.metrics["worker_restarts"] += 1
-        error = f"worker {w} {why} during {kind}; restarted"
-        for ep in range(w, len(self._alive), self.num_workers):
-            if ep in unanswered or ep in results:
-                # Answered before the crash or not: the env state behind it is gone either way.
-                results[ep] = _failure(error)
-            elif self._alive[ep]:
-                self._lost[ep] = error  # Reported on its next step.
+        for slot in range(w, self.capacity, self.num_workers):
+            if slot in self._inflight:
+                kind, _, _ = self._inflight.pop(slot)
+                error = f"worker {w} {why} during {kind}; restarted"
+                out[slot] = self._account(slot, kind, _failure(error))
+            elif slot in out:
+                # Answered before the crash: the env state behind it is gone all the same.
+                out[slot] = _failure(f"worker {w} {why}; restarted")
+                self._alive[slot] = False
+                self.metrics["infra_failures"] += 1
+            elif self._alive[slot]:
+                self._lost[slot] = f"worker {w} {why}; restarted"  # Reported on its next step.
 
 
 _GUARD_ADVICE = 'put the code that builds the pool under `if __name__ == "__main__":`'
@@ -463,11 +544,15 @@ def _is_main_test(test: ast.expr) -> bool:
 # ------------------------------------------------------------------------------ worker side
 
 
-def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pid: int) -> None:
+def _worker_main(
+    conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pid: int, concurrent: bool
+) -> None:
     """A worker's loop: build envs, then answer ("reset"|"step", [(local, payload)]) messages.
 
-    Each item is answered by its own message as soon as it is done, which lets the parent time
-    every env step separately.
+    Each item is answered by its own message as soon as it is done. With ``concurrent`` each
+    env's steps run on a thread of its own (an env is never sent its next op before its answer,
+    so its ops never overlap); resets, and every op otherwise, run one after another in this
+    loop.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle.
     threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
@@ -478,6 +563,14 @@ def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pi
         conn.send(("error", traceback.format_exc()))
         return
     conn.send(("ready", None))
+    send_lock = threading.Lock()
+    threads = futures.ThreadPoolExecutor(num_envs) if concurrent else None
+
+    def answer(local: int, kind: str, payload) -> None:
+        result = _run_one(envs, local, kind, payload, factory)
+        with send_lock, contextlib.suppress(OSError, ValueError):  # the parent is gone
+            conn.send((local, result))
+
     while True:
         try:
             kind, batch = conn.recv()
@@ -486,11 +579,14 @@ def _worker_main(conn, env_path: str, env_kwargs: dict, num_envs: int, parent_pi
         if kind == "close":
             break
         for local, payload in batch:
-            result = _run_one(envs, local, kind, payload, factory)
-            try:
-                conn.send((local, result))
-            except (OSError, ValueError):
-                return
+            # Resets stay in this loop, one at a time: loading a game is not thread-safe in
+            # every engine (TextWorld's grammar parser is shared by the process).
+            if threads is None or kind == "reset":
+                answer(local, kind, payload)
+            else:
+                threads.submit(answer, local, kind, payload)
+    if threads is not None:
+        threads.shutdown(wait=False, cancel_futures=True)
     for env in envs:
         with contextlib.suppress(Exception):  # Best effort on the way out.
             env.close()

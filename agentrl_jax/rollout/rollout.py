@@ -32,11 +32,13 @@ Context modes:
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 from typing import Protocol
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax import chaos, timing
@@ -48,6 +50,7 @@ from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.sampling.logits import as_typed_key, fold_in
 
 CONTEXT_MODES = ("episode", "step")
+BATCHING = ("waves", "continuous")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +64,23 @@ class RolloutConfig:
     history_turns: k, the turns kept in a step-wise context.
     system_prompt: text before the first observation.
     show_admissible: list the admissible commands in each observation.
+    batching: how a call's episodes share the actor pool's slots. ``waves``: as many episodes
+      as the pool holds play together, every turn decoded for all of them, then stepped for all
+      of them; the next wave starts when the last episode of this one ends. ``continuous``:
+      the slots are cut into ``cohorts`` batches of rows, each with its own cache; when an
+      episode ends its rows are freed, and the next group of the task list takes them (a
+      group's members start together, so they share their prefix). A cohort decodes as soon
+      as its rows' env steps are back, while the other cohorts' env steps run: decoding and
+      env steps overlap (use ``env.concurrent_steps`` so that a worker's envs step side by
+      side). Every episode draws with its own keys, so both play the same episodes.
+    cohorts: ``continuous``: batches of rows that take turns on the device (each holds
+      ``capacity // cohorts`` rows, at least one group).
+    max_staleness: RL only. S = 0: on-policy, each iteration plays its rollout, then trains
+      on it. S > 0: asynchronous: while the learner trains on iteration i's rollout, iteration
+      i + S's is played in the background by the policy as iteration i began; so every
+      rollout is trained on by a policy S updates newer than the one that played it (the
+      first S iterations' rollouts are played at the start, by the starting policy). Correct
+      for the lag with ``rl.off_policy_correction``.
     constrain_actions: constrained decoding: the policy can only write one of the
       observation's admissible commands (closed with the stop token). Every draw is from the
       policy masked to the tokens that continue an admissible command; the allowed ids are
@@ -79,15 +99,22 @@ class RolloutConfig:
     system_prompt: str = "You are playing a text game. Reply with one command."
     show_admissible: bool = True
     constrain_actions: bool = False
+    batching: str = "waves"
+    cohorts: int = 2
+    max_staleness: int = 0
 
     def __post_init__(self):
+        if self.batching not in BATCHING:
+            raise ValueError(f"rollout.batching is {self.batching!r}; expected one of {BATCHING}")
         if self.context_mode not in CONTEXT_MODES:
             raise ValueError(
                 f"rollout.context_mode is {self.context_mode!r}; expected one of {CONTEXT_MODES}"
             )
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_seq_len"):
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_seq_len", "cohorts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} is {getattr(self, name)}; expected >= 1")
+        if self.max_staleness < 0:
+            raise ValueError(f"rollout.max_staleness is {self.max_staleness}; expected >= 0")
         if self.history_turns < 0:
             raise ValueError(f"rollout.history_turns is {self.history_turns}; expected >= 0")
         if self.max_new_tokens >= self.max_seq_len:
@@ -196,8 +223,21 @@ class RolloutWorker:
         """
         group_size = group_size or self.config.group_size
         tasks = list(tasks)
+        waves = self.waves(len(tasks), self.wave_size(len(tasks), group_size))
+        if self.config.batching == "continuous":
+            played = self._run_stream(
+                tasks,
+                waves,
+                rng,
+                sampling=sampling,
+                group_offset=group_offset,
+                expert=expert,
+                group_size=group_size,
+                task_offset=task_offset,
+            )
+            return self.gather(played)
         out = []
-        for wave in self.waves(len(tasks), self.wave_size(len(tasks), group_size)):
+        for wave in waves:
             first = task_offset + wave.start
             out += self._run_wave(
                 tasks[wave],
@@ -225,14 +265,41 @@ class RolloutWorker:
         ]
         actor = _WaveActor(self, keys, sampling=sampling, expert=expert, size=len(episodes))
         play_wave(self.pool, episodes, self.config.max_turns, actor)
-        for ep in episodes:
-            ep.traj.infra_failure = ep.failed
-            # Episodes still running at max_turns: the last observation got no action.
-            if ep.live and ep.traj.steps and not ep.traj.steps[-1].action_ids:
-                ep.traj.steps.pop()
-                ep.traj.truncated = True
-                ep.traj.final_obs_ids = ep.pending_ids
-        return [ep.traj for ep in episodes]
+        return [_finished(ep) for ep in episodes]
+
+    def _run_stream(
+        self, tasks, waves, rng, *, sampling, group_offset, expert, group_size, task_offset
+    ):
+        """``batching='continuous'``: this worker's tasks (``waves``) as one stream of groups
+        through the pool's slots (``play_stream``), each episode keyed as in its wave."""
+        capacity = self.capacity or sum(w.stop - w.start for w in waves) * group_size
+        rows = capacity // self.config.cohorts
+        if rows < group_size:
+            raise ValueError(
+                f"rollout.batching='continuous' cuts the actor pool's {capacity} slots into "
+                f"rollout.cohorts={self.config.cohorts} cohorts of {rows} rows, fewer than "
+                f"rollout.group_size={group_size}: lower cohorts, or raise env.envs_per_worker"
+            )
+        groups = []
+        for wave in waves:
+            first = task_offset + wave.start
+            keys = episode_keys(rng, first, wave.stop - wave.start, group_size)
+            for i, task in enumerate(tasks[wave]):
+                group = group_offset + first + i
+                groups.append(
+                    [
+                        Episode(task=task, traj=Trajectory(task=task, group=group))
+                        for _ in range(group_size)
+                    ]
+                )
+                for j, ep in enumerate(groups[-1]):
+                    ep.key = keys[i * group_size + j]
+        actors = [
+            _WaveActor(self, None, sampling=sampling, expert=expert, size=rows)
+            for _ in range(self.config.cohorts)
+        ]
+        play_stream(self.pool, groups, self.config.max_turns, actors)
+        return [_finished(ep) for group in groups for ep in group]
 
     def _step_context(self, header, history, obs_ids, traj) -> list[int] | None:
         """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted.
@@ -326,6 +393,8 @@ class Episode:
       header: step mode: the system prompt and the goal, the start of every context.
       history: step mode: each turn's ids (observation, then action), as first encoded.
       used: episode mode: the tokens of the episode's cache.
+      turn: the actions taken so far.
+      key: ``play_stream``: the episode's PRNG key (its turns fold in their index).
     """
 
     task: Task
@@ -339,6 +408,8 @@ class Episode:
     header: list[int] = dataclasses.field(default_factory=list)
     history: list[list[int]] = dataclasses.field(default_factory=list)
     used: int = 0
+    turn: int = 0
+    key: jax.Array | None = None
 
 
 class Actor(Protocol):
@@ -388,14 +459,137 @@ def play_wave(pool, episodes: list[Episode], max_turns: int, actor: Actor) -> li
     return episodes
 
 
+def _finished(ep: Episode) -> Trajectory:
+    """An episode's trajectory once it is over (lost, ended, or out of turns)."""
+    ep.traj.infra_failure = ep.failed
+    # Episodes still running at max_turns: the last observation got no action.
+    if ep.live and ep.traj.steps and not ep.traj.steps[-1].action_ids:
+        ep.traj.steps.pop()
+        ep.traj.truncated = True
+        ep.traj.final_obs_ids = ep.pending_ids
+    return ep.traj
+
+
+_IDLE = Episode(task=None, live=False)  # a row with nothing to decode this turn
+
+
+def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list) -> None:
+    """Plays ``groups`` of episodes through the pool's slots, continuously batched.
+
+    The slots are cut into ``len(actors)`` cohorts of ``size`` rows (each actor owns its
+    cohort's cache); cohort ``c``'s row ``r`` is the pool's slot ``c * size + r``. The groups
+    queue in order; whenever a cohort has free rows for the next group, the group takes them
+    and its resets are sent. A cohort decodes (``actor.act``) its rows whose observations are
+    in as soon as none of its env steps is in flight, then sends their commands and goes on:
+    while one cohort's envs step, another decodes. An episode that ends (done, lost, cut by
+    its context, or ``max_turns`` actions played) frees its row at once.
+    """
+    size = actors[0].size
+    queue = collections.deque(groups)
+    rows: list[list[Episode | None]] = [[None] * size for _ in actors]
+    ready: list[set[int]] = [set() for _ in actors]
+    stepping = [0] * len(actors)  # env steps in flight per cohort
+    kinds: dict[int, str] = {}  # slot -> the op in flight
+    # A group's episodes start their first turn together, in one decode, so that its members
+    # share their first prefill: their reset answers wait here until the whole group is in.
+    started: dict[int, list[tuple[int, int]]] = {}  # id(group) -> its (cohort, row)s reset
+    group_of: dict[int, list[Episode]] = {}  # id(episode) -> its group
+
+    def admit(c: int) -> None:
+        while queue:
+            free = [r for r in range(size) if rows[c][r] is None]
+            if len(free) < len(queue[0]):
+                return
+            group = queue.popleft()
+            taken = free[: len(group)]
+            for r, ep in zip(taken, group):
+                rows[c][r] = ep
+                group_of[id(ep)] = group
+            started[id(group)] = []
+            actors[c].admit(taken, group)
+            items = {c * size + r: ep.task for r, ep in zip(taken, group)}
+            kinds.update(dict.fromkeys(items, "reset"))
+            with timing.phase("env"):
+                pool.submit("reset", items)
+
+    while True:
+        for c in range(len(actors)):
+            admit(c)
+        if not any(ep is not None for cohort in rows for ep in cohort):
+            return
+        decoded = False
+        for c, actor in enumerate(actors):
+            if not ready[c] or stepping[c]:
+                continue
+            feed = [rows[c][r] if r in ready[c] else _IDLE for r in range(size)]
+            actions = actor.act(None, feed)
+            items = {}
+            for r in sorted(ready[c]):
+                ep = rows[c][r]
+                if actions[r] is None:  # the actor ended it (its context is full)
+                    rows[c][r] = None
+                else:
+                    items[c * size + r] = actions[r]
+            ready[c].clear()
+            if items:
+                kinds.update(dict.fromkeys(items, "step"))
+                stepping[c] += len(items)
+                with timing.phase("env"):
+                    pool.submit("step", items)
+            decoded = True
+        if not decoded and not pool.in_flight:
+            raise RuntimeError("play_stream: episodes wait, but no op is in flight")
+        with timing.phase("env"):
+            answers = pool.poll(timeout=0.0 if decoded else None)
+        for slot, res in sorted(answers.items()):
+            c, r = divmod(slot, size)
+            ep, kind = rows[c][r], kinds.pop(slot)
+            if kind == "step":
+                stepping[c] -= 1
+            if res.infra_failure:
+                ep.failed, ep.live = True, False
+                rows[c][r] = None
+                group = group_of.pop(id(ep), None)
+                if group is not None and len(started[id(group)]) + sum(
+                    e.failed for e in group
+                ) == len(group):
+                    ready[c].update(row for _, row in started.pop(id(group)))
+                continue
+            if res.observation is not None:
+                ep.obs = res.observation
+            ep.info = res.info
+            if kind == "reset":
+                actors[c].start(ep)
+                group = group_of.pop(id(ep))
+                started[id(group)].append((c, r))
+                if len(started[id(group)]) + sum(e.failed for e in group) == len(group):
+                    ready[c].update(row for _, row in started.pop(id(group)))
+            else:
+                ep.live = not res.done
+                actors[c].observe(ep, res)
+                if ep.live and ep.turn < max_turns:
+                    ready[c].add(r)
+                else:
+                    rows[c][r] = None
+
+
 class _WaveActor:
     """A RolloutWorker's actor for one wave: the sampler on the policy's contexts, or (with
     ``expert``) the env's expert command written into the same contexts."""
 
     def __init__(self, worker: RolloutWorker, keys, *, sampling, expert: bool, size: int):
         self.worker, self.config = worker, worker.config
+        if keys is None:  # play_stream: each row's key is set as an episode takes it
+            keys = jax.random.split(jax.random.key(0), size)
         self.keys, self.sampling, self.expert, self.size = keys, sampling, expert, size
         self.cache = None
+
+    def admit(self, rows: list[int], episodes: list[Episode]) -> None:
+        """``play_stream``: ``episodes`` take cache rows ``rows`` (their keys, an empty row)."""
+        keys = jnp.stack([ep.key for ep in episodes])
+        self.keys = self.keys.at[np.asarray(rows)].set(keys)
+        if self.cache is not None and self.config.context_mode == "episode":
+            self.cache = self.worker.sampler.clear_rows(self.cache, rows)
 
     def start(self, ep: Episode) -> None:
         w = self.worker
@@ -405,23 +599,26 @@ class _WaveActor:
             ep.header = ep.traj.header_ids = w._header_ids(ep.obs)
         ep.traj.steps.append(_empty_step(ep.info))
 
-    def _context(self, turn: int, ep: Episode) -> list[int] | None:
-        """The ids this turn feeds the model for ``ep`` (None: they do not fit the context)."""
+    def _context(self, ep: Episode) -> list[int] | None:
+        """The ids ``ep``'s next turn feeds the model (None: they do not fit the context)."""
         cfg = self.config
         if cfg.context_mode == "step":
             return self.worker._step_context(ep.header, ep.history, ep.pending_ids, ep.traj)
-        ids = (self.worker.system_ids if turn == 0 else []) + ep.pending_ids
+        ids = (self.worker.system_ids if ep.turn == 0 else []) + ep.pending_ids
         return None if ep.used + len(ids) + cfg.max_new_tokens > cfg.max_seq_len else ids
 
-    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
+    def act(self, turn: int | None, episodes: list[Episode]) -> list[str | None]:
+        """One command per row of ``episodes`` (None for a row that is not live); each live
+        episode plays its own next turn (``ep.turn``)."""
         cfg, w = self.config, self.worker
-        if turn == 1 and not self.expert and not (self.sampling or w.sampler.sampling).greedy:
-            # Mid-rollout of RL (a chaos kill point): the first turn played and stepped.
+        second = any(ep.live and ep.turn == 1 for ep in episodes)
+        if second and not self.expert and not (self.sampling or w.sampler.sampling).greedy:
+            # Mid-rollout of RL (a chaos kill point): a first turn played and stepped.
             # Greedy evaluations and demonstrations are not.
             chaos.maybe_kill("rollout")
         feed = []
         for ep in episodes:
-            ids = self._context(turn, ep) if ep.live else []
+            ids = self._context(ep) if ep.live else []
             if ids is None:  # the context is full: the episode ends here, cut
                 ep.traj.truncated = True
                 ep.traj.steps.pop()  # the observation that did not fit gets no action
@@ -444,11 +641,12 @@ class _WaveActor:
             with timing.phase("sample"):
                 if cfg.context_mode == "step" or self.cache is None:
                     self.cache = w.sampler.start(self.size, cfg.max_seq_len)
+                turns = np.asarray([ep.turn for ep in episodes], np.int32)
                 out = w.sampler.step_turn(
                     self.cache,
                     feed,
                     cfg.max_new_tokens,
-                    fold_in(self.keys, turn),  # one key per episode
+                    fold_in(self.keys, turns),  # one key per episode and turn
                     sampling=self.sampling,
                     **kwargs,
                 )
@@ -478,6 +676,7 @@ class _WaveActor:
             if allowed is not None:
                 step.action_allowed = allowed[i]
             ep.used += len(feed[i]) + len(actions_ids[i])
+            ep.turn += 1
             if cfg.context_mode == "step":
                 ep.history.append(ep.pending_ids + actions_ids[i])
             actions.append(decode_text(w.tokenizer, actions_ids[i]))

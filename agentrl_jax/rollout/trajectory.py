@@ -40,6 +40,9 @@ class Step:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The newest observation turn, as read: the last len(obs_ids) ids of prompt_ids.
     obs_ids: list[int] = dataclasses.field(default_factory=list)
+    # The policy that sampled the action: the RL updates it had had (asynchronous RL's
+    # staleness is the learner's updates minus this).
+    policy_version: int = 0
 
 
 @dataclasses.dataclass
@@ -63,6 +66,20 @@ class Trajectory:
     infra_failure: bool = False
     header_ids: list[int] = dataclasses.field(default_factory=list)
     final_obs_ids: list[int] = dataclasses.field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The episode as JSON (``from_json`` gives it back, equal)."""
+        out = dataclasses.asdict(self)
+        out["task"]["params"] = [list(p) for p in self.task.params]
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        data = dict(data)
+        task = dict(data.pop("task"))
+        task["params"] = tuple(tuple(p) for p in task.get("params", ()))
+        steps = [Step(**s) for s in data.pop("steps")]
+        return cls(task=Task(**task), steps=steps, **data)
 
     @property
     def episode_return(self) -> float:

@@ -170,6 +170,7 @@ def sync_sampler(
     dtype: Any,
     local: Mesh | None = None,
     graphdef: nnx.GraphDef | None = None,
+    copy: bool = False,
 ) -> None:
     """Gives ``sampler`` the policy's parameters ``policy`` (the train state's) in ``dtype``.
 
@@ -187,7 +188,8 @@ def sync_sampler(
       compute): a ``dtype`` copy in the train state's layout, owned by the sampler: half the
       bytes a decode step reads, and no per-turn cast of every weight;
     - one host, parameters already in ``dtype`` (f32 on CPU): the train state's own arrays,
-      borrowed, no copy.
+      borrowed, no copy; with ``copy``, a copy owned by the sampler (asynchronous RL samples
+      while the update donates the train state's arrays).
     """
     sampler.release()
     if any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(policy)):
@@ -203,6 +205,8 @@ def sync_sampler(
         sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
     elif sharding.casts(policy, dtype):
         sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
+    elif copy:
+        sampler.set_state(jax.tree.map(jnp.copy, policy), owned=True)
     else:
         sampler.set_state(policy)
 
@@ -500,7 +504,11 @@ def build(config: RunConfig, workdir: str) -> Parts:
     evals = eval_tasks(config)
     env = config.env
     pool = ActorPool(
-        env.name, dict(env.kwargs), num_workers=env.num_workers, envs_per_worker=env.envs_per_worker
+        env.name,
+        dict(env.kwargs),
+        num_workers=env.num_workers,
+        envs_per_worker=env.envs_per_worker,
+        concurrent_envs=env.concurrent_steps,
     )
     try:
         return _build(config, workdir, evals, pool)

@@ -278,6 +278,9 @@ class EnvSection:
     num_transcripts: int = 3
     num_workers: int = 2  # actor processes (0: one per CPU)
     envs_per_worker: int = 16
+    # A worker steps its envs side by side, each on a thread (envs whose steps wait: remote,
+    # subprocesses, step_latency_s); False: one after another.
+    concurrent_steps: bool = False
 
     def __post_init__(self):
         from agentrl_jax.envs import registry
@@ -301,6 +304,10 @@ class EnvSection:
         _integer("config.env.num_transcripts", self.num_transcripts, 0)
         _integer("config.env.num_workers", self.num_workers, 0)
         _integer("config.env.envs_per_worker", self.envs_per_worker, 1)
+        if not isinstance(self.concurrent_steps, bool):
+            raise ConfigError(
+                f"config.env.concurrent_steps is {self.concurrent_steps!r}; expected True or False"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -45,6 +45,9 @@ class RunState:
       checkpoint: the number of the last checkpoint written (-1: none yet).
       sft_iterator: during SFT, the data iterator's state at the last epoch's end (None at the
         start of SFT, and after it).
+      pending: asynchronous RL (``rollout.max_staleness > 0``): the rollouts played for the
+        iterations to come and not trained on yet, as ``PendingRollout.to_json`` (so a resumed
+        run trains on exactly them: none lost, none played twice).
     """
 
     phase: Phase = "sft"
@@ -52,6 +55,7 @@ class RunState:
     evals: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     checkpoint: int = -1
     sft_iterator: dict[str, Any] | None = None
+    pending: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __post_init__(self):
         if self.phase not in PHASES:
@@ -78,6 +82,8 @@ class RunState:
             out["checkpoint"] = self.checkpoint
         if self.sft_iterator is not None:
             out["sft_iterator"] = copy.deepcopy(self.sft_iterator)
+        if self.pending:
+            out["pending"] = copy.deepcopy(self.pending)
         return out
 
     @classmethod
@@ -89,6 +95,7 @@ class RunState:
             evals=copy.deepcopy(dict(data.get("evals", {}))),
             checkpoint=int(data.get("checkpoint", -1)),
             sft_iterator=copy.deepcopy(data.get("sft_iterator")),
+            pending=copy.deepcopy(list(data.get("pending", []))),
         )
 
 

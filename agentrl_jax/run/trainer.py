@@ -24,11 +24,13 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import functools
 import os
 import time
 import warnings
 from collections.abc import Iterator
+from concurrent import futures
 from typing import Any
 
 import jax
@@ -114,6 +116,51 @@ def iteration_summary(iteration: int, total: int, metrics: dict[str, float]) -> 
     return f"rl {iteration}/{total}: " + ", ".join(parts)
 
 
+def _tag_version(trajs: list[Trajectory], version: int) -> None:
+    """Marks every step as sampled by the policy of RL version ``version`` (the policy's
+    weights never change during a rollout)."""
+    for traj in trajs:
+        for step in traj.steps:
+            step.policy_version = version
+
+
+@dataclasses.dataclass
+class PendingRollout:
+    """An iteration's rollout played ahead of its update (asynchronous RL).
+
+    Attributes:
+      iteration: the RL iteration whose update trains on it.
+      version: the RL updates the policy that played it had had.
+      trajs: its episodes.
+      rng_state: the iteration's numpy generator after its task draws (the update draws on).
+      seconds: the rollout's wall seconds.
+    """
+
+    iteration: int
+    version: int
+    trajs: list[Trajectory]
+    rng_state: dict[str, Any]
+    seconds: float
+
+    @classmethod
+    def of(cls, it, version, trajs, np_rng: np.random.Generator, seconds) -> PendingRollout:
+        return cls(it, version, trajs, np_rng.bit_generator.state, seconds)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "iteration": self.iteration,
+            "version": self.version,
+            "trajs": [t.to_json() for t in self.trajs],
+            "rng_state": self.rng_state,
+            "seconds": self.seconds,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PendingRollout:
+        trajs = [Trajectory.from_json(t) for t in data["trajs"]]
+        return cls(data["iteration"], data["version"], trajs, data["rng_state"], data["seconds"])
+
+
 class Trainer:
     """Runs SFT then RL for a RunConfig in ``workdir`` (TensorBoard, checkpoints, reports)."""
 
@@ -171,6 +218,8 @@ class Trainer:
         self.watchdog = Watchdog(cfg.watchdog_s)
         # Where each RL iteration's wall time went, this process's iterations in order.
         self.profiles: list[timing.IterationProfile] = []
+        # Asynchronous RL: rollouts played ahead of their iterations, by iteration.
+        self.pending: dict[int, PendingRollout] = {}
 
     # ------------------------------------------------------------------ setup
 
@@ -228,6 +277,7 @@ class Trainer:
             self._save(metrics)
 
     def _save(self, metrics: dict[str, float] | None) -> None:
+        self.run_state.pending = [p.to_json() for _, p in sorted(self.pending.items())]
         meta = CheckpointMeta(
             self.run_state,
             self.curriculum.state_dict(),
@@ -258,6 +308,10 @@ class Trainer:
             self.state, self.ref_policy = restored.train, restored.reference
             done = f"RL iteration {self.run_state.rl_iteration}"
         self.curriculum.load_state_dict(restored.meta.curriculum)
+        self.pending = {}
+        for data in self.run_state.pending:
+            pending = PendingRollout.from_json(data)
+            self.pending[pending.iteration] = pending
         # tests/test_train.py reads this line to tell where a killed run resumed.
         logging.info(
             "resumed from checkpoint %d (phase %s, after %s)",
@@ -452,21 +506,106 @@ class Trainer:
                 self.save(metrics)
 
     def rl_iteration(self, it: int) -> dict[str, float]:
-        """One iteration: pick tasks, roll out, assign credit, update. Returns its metrics."""
-        cfg, rl = self.config, self.config.rl
-        rng = jax.random.fold_in(jax.random.key(cfg.seed), 1_000_000 + it)
-        np_rng = rng_streams.numpy_rng(cfg.seed, rng_streams.RL_ITERATION, it)
-        levels = self.curriculum.sample_levels(rl.tasks_per_iteration, np_rng)
-        tasks = [self.rl_tasks[lv][np_rng.integers(len(self.rl_tasks[lv]))] for lv in levels]
+        """One iteration: pick tasks, roll out, assign credit, update. Returns its metrics.
 
+        With ``rollout.max_staleness`` > 0 the rollout was played ahead (``async_iteration``).
+        """
+        if self.config.rollout.max_staleness:
+            return self.async_iteration(it)
+        tasks, rng, np_rng = self._iteration_draws(it)
         t0 = time.perf_counter()
-        sampling = rl_sampling(cfg)
         # text: its own seconds (rendering, encoding, contexts, decoding); the sampler's copy of
         # the policy is released on exit, so it is not held through the update.
         with self.policy_in_sampler(), timing.phase("text"):
-            trajs = self.worker.run(tasks, rng, sampling=sampling)
-        t_rollout = time.perf_counter() - t0
+            trajs = self.worker.run(tasks, rng, sampling=rl_sampling(self.config))
+        _tag_version(trajs, it)
+        return self._learn(it, trajs, np_rng, time.perf_counter() - t0)
 
+    def _iteration_draws(self, it: int) -> tuple[list[Task], jax.Array, np.random.Generator]:
+        """Iteration ``it``'s tasks (the curriculum's levels as it stands), its rollout's key,
+        and its numpy generator (after the task draws; the update draws on from there)."""
+        cfg = self.config
+        rng = jax.random.fold_in(jax.random.key(cfg.seed), 1_000_000 + it)
+        np_rng = rng_streams.numpy_rng(cfg.seed, rng_streams.RL_ITERATION, it)
+        levels = self.curriculum.sample_levels(cfg.rl.tasks_per_iteration, np_rng)
+        tasks = [self.rl_tasks[lv][np_rng.integers(len(self.rl_tasks[lv]))] for lv in levels]
+        return tasks, rng, np_rng
+
+    def async_iteration(self, it: int) -> dict[str, float]:
+        """Iteration ``it`` of asynchronous RL (``rollout.max_staleness`` = S > 0).
+
+        Iteration ``it + S``'s rollout starts in the background, played by the policy as this
+        iteration begins (its own copy of the weights in the sampler), while the learner trains
+        on iteration ``it``'s, played S iterations ago. The iteration ends when both are done:
+        the next iteration's rollout is then in ``pending``, which every checkpoint holds, so a
+        resumed run trains on the same episodes. The rollouts the run does not have yet (the
+        first S, or after resuming a checkpoint of an on-policy run) are played first, in the
+        foreground, by the current policy.
+        """
+        stale, total = self.config.rollout.max_staleness, self.num_rl_iterations()
+        for ahead in range(it, min(it + stale, total)):
+            if ahead not in self.pending:
+                self.pending[ahead] = self._play_ahead(ahead, version=it)
+        ahead = it + stale
+        if ahead >= total:
+            return self._learn_pending(it, self.pending.pop(it))
+        playing = self._start_ahead(ahead, version=it)
+        try:
+            metrics = self._learn_pending(it, self.pending.pop(it))
+        finally:
+            t0 = time.perf_counter()
+            with timing.phase("rollout_wait"):
+                self.pending[ahead] = playing.result()
+            waited = time.perf_counter() - t0
+        metrics["time/rollout_wait_s"] = waited
+        return metrics
+
+    def _play_ahead(self, it: int, version: int) -> PendingRollout:
+        """Iteration ``it``'s rollout, played now by the current policy (RL version
+        ``version``)."""
+        tasks, rng, np_rng = self._iteration_draws(it)
+        t0 = time.perf_counter()
+        with self.policy_in_sampler(), timing.phase("text"):
+            trajs = self.worker.run(tasks, rng, sampling=rl_sampling(self.config))
+        return PendingRollout.of(it, version, trajs, np_rng, time.perf_counter() - t0)
+
+    def _start_ahead(self, it: int, version: int):
+        """Iteration ``it``'s rollout, started in a background thread by the current policy:
+        the sampler gets its own copy of the weights (the update donates the train state's),
+        released when the rollout ends. Returns its future (``PendingRollout``)."""
+        tasks, rng, np_rng = self._iteration_draws(it)
+        self._sync_sampler(copy=True)
+        sampling = rl_sampling(self.config)
+
+        def play() -> PendingRollout:
+            t0 = time.perf_counter()
+            try:
+                trajs = self.worker.run(tasks, rng, sampling=sampling)
+            finally:
+                self.sampler.release()
+            return PendingRollout.of(it, version, trajs, np_rng, time.perf_counter() - t0)
+
+        return self._background.submit(play)
+
+    @functools.cached_property
+    def _background(self) -> futures.ThreadPoolExecutor:
+        return futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-rollout")
+
+    def _learn_pending(self, it: int, pending: PendingRollout) -> dict[str, float]:
+        """The update on a rollout played ahead: its steps tagged with their policy's version,
+        the iteration's numpy generator where its task draws left it."""
+        _tag_version(pending.trajs, pending.version)
+        np_rng = np.random.default_rng()
+        np_rng.bit_generator.state = pending.rng_state
+        metrics = self._learn(it, pending.trajs, np_rng, pending.seconds)
+        metrics["rollout/staleness"] = float(it - pending.version)
+        return metrics
+
+    def _learn(
+        self, it: int, trajs: list[Trajectory], np_rng: np.random.Generator, t_rollout: float
+    ) -> dict[str, float]:
+        """Credit and the update on iteration ``it``'s episodes ``trajs``; its metrics."""
+        rl = self.config.rl
         good = [t for t in trajs if not t.infra_failure and t.steps]
         metrics = rollout_metrics(trajs)
         metrics["curriculum/stage"] = float(self.curriculum.stage)
@@ -515,8 +654,9 @@ class Trainer:
             with timing.phase("sync"):
                 self.sampler.release()
 
-    def _sync_sampler(self) -> None:
-        """Gives the sampler the current policy (``sync_sampler``)."""
+    def _sync_sampler(self, *, copy: bool = False) -> None:
+        """Gives the sampler the current policy (``sync_sampler``); ``copy``: always its own
+        copy (a rollout that runs while the update changes the train state's)."""
         policy = (self.state if self.sft_state is None else self.sft_state).policy
         with timing.phase("sync"):  # a LoRA policy: its merged weights (the learner's graph)
             sync_sampler(
@@ -525,6 +665,7 @@ class Trainer:
                 self.policy.cfg.dtype,
                 self.local_mesh,
                 graphdef=self.learner.policy_graphdef,
+                copy=copy,
             )
 
     def evaluate(self, name: str, *, report: bool = False) -> dict[str, float]:
@@ -577,6 +718,8 @@ class Trainer:
         return eval_report.before_after_table(rows)
 
     def close(self) -> None:
+        if "_background" in self.__dict__:
+            self._background.shutdown(wait=True)
         self.checkpointer.close()
         self.writer.close()
         self.pool.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from agentrl_jax.sampling.params import SamplingParams
 
@@ -131,7 +132,9 @@ def per_row(key: jax.Array) -> bool:
 
 
 def fold_in(key: jax.Array, data: int | jax.Array) -> jax.Array:
-    """``jax.random.fold_in`` of a key, or of each of [B] per-row keys, with ``data``."""
+    """``jax.random.fold_in`` of a key, or of each of [B] per-row keys, with ``data`` (one
+    number, or [B]: one per row)."""
     if per_row(key):
-        return jax.vmap(jax.random.fold_in, in_axes=(0, None))(key, data)
+        rows = 0 if np.ndim(data) else None
+        return jax.vmap(jax.random.fold_in, in_axes=(0, rows))(key, data)
     return jax.random.fold_in(key, data)

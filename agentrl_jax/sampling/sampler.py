@@ -254,6 +254,14 @@ class Sampler:
             )
         return cache.replace(capacity=size)
 
+    def clear_rows(self, cache: KVCache, rows: Sequence[int]) -> KVCache:
+        """``cache`` with ``rows`` emptied (length 0) for new conversations; the other rows
+        are untouched. A row's old keys and values stay in its slots, unread: attention reads
+        a row's first ``lengths`` slots, and the new conversation overwrites them."""
+        lengths = np.array(cache.lengths)
+        lengths[np.asarray(rows, np.int64)] = 0
+        return cache.replace(lengths=jax.device_put(lengths, cache.lengths.sharding))
+
     def _allocate(self, cache: KVCache, need: int) -> KVCache:
         """``cache`` with at least ``need`` slots allocated: the next power of two (at least the
         first cache bucket, at most the reserved size), or the cache itself when it has them.
