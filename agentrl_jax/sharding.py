@@ -282,6 +282,22 @@ def cast_copy(tree: Any, dtype: Any = None) -> Any:
     return _cast_copy(tree, None if dtype is None else np.dtype(dtype))
 
 
+def moved_copy(tree: Any, mesh: Mesh, dtype: Any = None) -> Any:
+    """A copy of a parameter state on another ``mesh`` (other devices: a disaggregated
+    rollout's), laid out there by the logical-axis rules, its floating arrays in ``dtype``.
+
+    The arrays move device to device (``jax.device_put``), then are cast on ``mesh``; the copy
+    shares no buffer with ``tree``.
+    """
+    placed = jax.device_put(tree, leaf_shardings(tree, mesh))
+    if dtype is None or not casts(placed, dtype):
+        return placed
+    out = cast_copy(placed, dtype)
+    for x in jax.tree.leaves(placed):
+        x.delete()
+    return out
+
+
 def host_array(x: jax.Array) -> np.ndarray:
     """The whole of a (possibly multi-host) array on this host, as numpy.
 

@@ -84,6 +84,7 @@ with open(SNAPSHOT) as _f:
             "rollout.cohorts": 2,
             "rollout.max_staleness": 0,
             "env.concurrent_steps": False,
+            "rollout_mesh": [],
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()

@@ -280,3 +280,27 @@ def test_a_bad_topology_is_one_clear_line():
     assert proc.returncode == 2
     last = proc.stderr.strip().splitlines()[-1]
     assert "--topology=v5e:2x2 has 4 chips; --devices=8" in last
+
+
+def test_rollout_mesh_plans_the_sampler_on_devices_of_its_own():
+    """``config.rollout_mesh``: the learner's programs on the first devices, the sampler's turn
+    on the next ones with its own copy of the policy and nothing of the learner's beside it."""
+    cd = load_config_file("configs/tiny_textworld.py:test")
+    cd.mesh, cd.rollout_mesh = (1, 2, 1), (1, 1, 2)
+    config = from_config_dict(cd, num_devices=4)
+    assert config.mesh == (1, 2, 1) and config.rollout_mesh == (1, 1, 2)
+    apart = plan.memory_plan(config, programs=("sampler_turn",))
+    cd.rollout_mesh = ()
+    shared = plan.memory_plan(from_config_dict(cd, num_devices=2), programs=("sampler_turn",))
+    s = apart["sampler"]
+    assert s["mesh"] == [1, 1, 2] and s["own_devices"] and s["owned"]
+    assert not shared["sampler"]["own_devices"]
+    assert apart["programs"][0]["per_device_bytes"]["resident"] == 0
+    assert shared["programs"][0]["per_device_bytes"]["resident"] > 0  # moments beside it
+    assert "on devices of its own (config.rollout_mesh)" in plan.format_table(apart)
+    cd.mesh, cd.rollout_mesh = (1, 4, 1), (1, 1, 2)
+    with pytest.raises(ConfigError, match=r"rollout_mesh=\(1, 1, 2\) takes 2 of the 4 devices"):
+        from_config_dict(cd, num_devices=4)
+    cd.rollout_mesh = (1, 0, 2)
+    with pytest.raises(ConfigError, match="config.rollout_mesh is .*; expected \\(\\) "):
+        from_config_dict(cd, num_devices=8)

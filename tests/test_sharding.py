@@ -264,3 +264,36 @@ def test_two_process_distributed_start(tmp_path):
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert sorted(outs) == [["0", "2", "4", "4"], ["1", "2", "4", "4"]]
+
+
+def test_rollout_mesh_sampler_plays_on_its_own_devices_as_on_the_learners():
+    """``config.rollout_mesh``: the sampler's copy of the policy moves to devices of its own
+    (``build.sync_sampler`` with the rollout's mesh), device to device; laid out there as on the
+    learner's mesh of the same shape, a turn is the same program on other devices: the same
+    tokens and log-probs, bit for bit."""
+    from agentrl_jax.run import build
+    from agentrl_jax.sampling import Sampler, SamplingParams
+
+    devices = jax.devices()
+    learner_mesh = sharding.make_mesh((1, 2, 1), devices[:2])
+    rollout_mesh = sharding.make_mesh((1, 2, 1), devices[2:4])
+    policy = sharding.create_sharded_model(
+        lambda: Qwen2ForCausalLM(TEST_CONFIG, rngs=nnx.Rngs(0)), learner_mesh
+    )
+    params = nnx.state(policy)
+    sampling = SamplingParams(temperature=1.0)
+    on_learner = Sampler(policy, sampling=sampling, mesh=learner_mesh)
+    apart = Sampler(policy, sampling=sampling, mesh=rollout_mesh)
+    build.sync_sampler(apart, params, jnp.float32, local=rollout_mesh)
+    placed = {d for x in jax.tree.leaves(apart.state) for d in x.devices()}
+    assert placed == set(devices[2:4]) and apart._owned
+    assert all(x.is_deleted() is False for x in jax.tree.leaves(params))  # the learner's stay
+    prompts = np.random.default_rng(0).integers(0, TEST_CONFIG.vocab_size, (4, 9))
+    keys = jax.random.split(jax.random.key(1), 4)
+    outs = []
+    for sampler in (on_learner, apart):
+        out = sampler.step_turn(sampler.start(4, 32), prompts, 8, keys)
+        outs.append((np.asarray(out.tokens), np.asarray(out.logprobs)))
+        assert {d for d in out.tokens.devices()} <= set(sampler.mesh.devices.flat)
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])

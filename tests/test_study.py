@@ -127,6 +127,7 @@ def _cell(rate, n=100, before=0.5):
         },
         "rl_iterations": True,
         "curve": [[64, 0.3], [128, rate]],
+        "iteration_s": 10.0 * rate,
     }
 
 
@@ -170,6 +171,9 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
     assert partial["cells_done"] == 2
     assert partial["levels"]["simple@test"]["vs_reference"]["seeds"] == [0, 1]
     md = study_lib.results_markdown(results)
+    # Wall-clock per RL iteration: the seeds' medians (10 x rate here), averaged.
+    assert results["variants"]["alt"]["iteration_s"] == pytest.approx(7.0)
+    assert "| base | 6.0 |" in md and "| alt | 7.0 |" in md
     assert "| base | simple@test | 3 | 60.0% | [35.2, 84.8] | (reference) | |" in md
     assert "| alt | simple@test | 3 | 70.0% | [45.2, 94.8] | +10.0 | [-14.8, 34.8] |" in md
     assert "| alt | simple@test | 3 | 50.0% | 70.0% | +20.0 | [-4.8, 44.8] |" in md

@@ -518,6 +518,27 @@ def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
     assert result.same, result.to_json()
 
 
+@pytest.mark.slow
+def test_rollout_mesh_run_is_the_run_on_the_learners_mesh(textworld_games, compile_cache, tmp_path):
+    """``config.rollout_mesh``: rollouts on 2 devices of their own (the policy moved there after
+    every update), the learner on 2 others, is the run whose rollouts play on the learner's 2
+    devices, bit for bit: the same programs on other devices."""
+    procs = []
+    apart = ("--config.rollout_mesh=(1,2,1)",)
+    for name, devices, extra in (("shared", 2, ()), ("apart", 4, apart)):
+        workdir = tmp_path / name
+        os.makedirs(workdir)
+        cmd = train_cli.train_cmd(workdir, *RUN_FLAGS, "--config.mesh=(1,2,1)", *extra)
+        log = tmp_path / f"{name}.log"
+        procs.append(
+            train_cli.start(cmd, textworld_games["root"], log, devices=devices, **compile_cache)
+        )
+        train_cli.finish(procs[-1])  # one at a time: two cores
+    result = compare(tmp_path / "shared", tmp_path / "apart")
+    assert result.checkpoint_steps == (4, 4)
+    assert result.same, result.to_json()
+
+
 def test_launch_compare_tells_the_same_run_from_another(reference_run, tmp_path):
     """``python -m launch.compare A B``: exit 0 for a run and itself; a run whose one logged value
     differs is another run (exit 1, the scalar named)."""

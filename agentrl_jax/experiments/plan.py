@@ -55,6 +55,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
+from jax.sharding import Mesh
 
 from agentrl_jax import sharding
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
@@ -128,6 +129,20 @@ def memory_plan(
         )
     mesh = sharding.make_mesh(mesh_shape, devices[: math.prod(mesh_shape)])
     check_local_devices(local_devices, mesh.size)
+    rollout_mesh = None
+    if config.rollout_mesh and local_devices is not None:
+        raise ValueError(
+            f"local_devices={local_devices} plans a multi-host run, and "
+            f"config.rollout_mesh={config.rollout_mesh} is for one host: give one of them"
+        )
+    if config.rollout_mesh:  # disaggregated: the sampler on the devices after the learner's
+        first, size = mesh.size, math.prod(config.rollout_mesh)
+        if first + size > len(devices):
+            raise ValueError(
+                f"config.mesh={mesh_shape} and config.rollout_mesh={config.rollout_mesh} need "
+                f"{first} + {size} devices; {len(devices)} are visible"
+            )
+        rollout_mesh = sharding.make_mesh(config.rollout_mesh, devices[first : first + size])
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     # The policy as RL trains it (``build.rl_policy``): with LoRA, adapters on the targeted
@@ -151,8 +166,14 @@ def memory_plan(
         ref = reference_copy(state.policy, kl.reference_dtype)
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
     sampler_mesh, sampler_params, owned = sampler_copy(
-        model_cfg, state.policy, mesh, local_devices, lora=learner.lora
+        model_cfg,
+        state.policy,
+        mesh if rollout_mesh is None else rollout_mesh,
+        local_devices,
+        lora=learner.lora,
     )
+    if rollout_mesh is not None:
+        owned = True  # a copy moved to the rollout's devices (build.sync_sampler)
     build = {
         "sampler_turn": lambda: _sampler_turn(
             config,
@@ -164,6 +185,7 @@ def memory_plan(
             owned,
             prompt_tokens,
             num_choices,
+            apart=rollout_mesh is not None,
         ),
         "sft_step": lambda: _sft_step(config, policy, mesh, seq),
         "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices, ref_shared),
@@ -199,6 +221,7 @@ def memory_plan(
         },
         "sampler": {
             "mesh": [int(sampler_mesh.shape[a]) for a in sharding.MESH_AXES],
+            "own_devices": rollout_mesh is not None,
             "dtype": np.dtype(model_cfg.dtype).name,
             "owned": owned,
             "params_bytes": device_bytes(sampler_params),
@@ -252,6 +275,12 @@ def sampler_copy(model_cfg, policy, mesh, local_devices=None, *, lora=False):
     if lora:
         policy = nnx.split_state(policy, nnx.LoRAParam, ...)[1]  # the base, merged into
     if local_devices is None and not lora and not sharding.casts(policy, dtype):
+        if mesh != _mesh_of(policy):  # the rollout's own devices: the policy moved there
+            policy = jax.tree.map(
+                lambda x, t: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=t),
+                policy,
+                sharding.leaf_shardings(policy, mesh),
+            )
         return mesh, policy, False
     if local_devices is not None:
         local = list(mesh.devices.flat)[:local_devices]
@@ -263,6 +292,12 @@ def sampler_copy(model_cfg, policy, mesh, local_devices=None, *, lora=False):
         return jax.ShapeDtypeStruct(x.shape, kept, sharding=target)
 
     return mesh, jax.tree.map(cast, policy, targets), True
+
+
+def _mesh_of(tree) -> Mesh | None:
+    """The mesh of ``tree``'s first leaf's sharding (abstract or real arrays), or None."""
+    leaf = jax.tree.leaves(tree)[0]
+    return getattr(getattr(leaf, "sharding", None), "mesh", None)
 
 
 def check_local_devices(local_devices: int | None, num_devices: int) -> None:
@@ -290,7 +325,9 @@ def rollout_batch(config: RunConfig) -> int:
 # ------------------------------------------------------------------ programs
 
 
-def _sampler_turn(config, policy, state, ref, mesh, params, owned, prompt_tokens, num_choices):
+def _sampler_turn(
+    config, policy, state, ref, mesh, params, owned, prompt_tokens, num_choices, *, apart=False
+):
     rollout = config.rollout
     sampler = Sampler(policy, stop=StopConfig(eos_ids=(0,)), mesh=mesh)
     sampler.set_state(params)  # the trainer's: the train state's policy, or a copy of it
@@ -309,9 +346,10 @@ def _sampler_turn(config, policy, state, ref, mesh, params, owned, prompt_tokens
         cache, prompt, rollout.max_new_tokens, sampling=rl_sampling(config), num_choices=choices
     )
     # Alive beside it: the optimizer moments, the critic and the reference (and the train
-    # state's policy, when the sampler's is a copy).
-    resident = [state.policy_opt, state.value, state.value_opt, ref]
-    if owned:
+    # state's policy, when the sampler's is a copy); nothing of the learner's on devices
+    # of the rollout's own (``apart``: config.rollout_mesh).
+    resident = [] if apart else [state.policy_opt, state.value, state.value_opt, ref]
+    if owned and not apart:
         resident.append(state.policy)
     return _program("sampler_turn", shapes, lowered, resident, params=[params])
 
@@ -474,6 +512,8 @@ def format_table(plan: dict[str, Any]) -> str:
         )
     s = plan["sampler"]
     copy = "a copy of its own" if s["owned"] else "the train state's arrays"
+    if s.get("own_devices"):
+        copy += ", on devices of its own (config.rollout_mesh)"
     lines += [
         "",
         f"sampler: mesh {dict(zip(plan['mesh_axes'], s['mesh']))}, {s['dtype']} parameters "

@@ -16,6 +16,7 @@ import dataclasses
 import json
 import math
 import os
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,7 +64,16 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
         [to_episodes(step), value]
         for step, value in sorted(dict(scalars.get("rollout/success_rate", ())).items())
     ]
-    return {"levels": out, "rl_iterations": "after_rl" in evals, "curve": curve}
+    # Wall seconds per RL iteration (its rollout, update, logs; an evaluation's when it had
+    # one), the median over the iterations after the first, which compiles.
+    walls = [v for _, v in sorted(dict(scalars.get("time/iteration_s", ())).items())]
+    walls = walls[1:] or walls
+    return {
+        "levels": out,
+        "rl_iterations": "after_rl" in evals,
+        "curve": curve,
+        "iteration_s": statistics.median(walls) if walls else None,
+    }
 
 
 # ------------------------------------------------------------------------------ aggregation
@@ -137,10 +147,13 @@ def aggregate(study: Study, cells: dict[tuple[str, int], dict[str, Any]]) -> dic
                     "high": d_high,
                 }
             per_level[level] = _nulls(entry)
+        walls = [c["iteration_s"] for c in mine.values() if c.get("iteration_s") is not None]
         out["variants"][variant] = {
             "overrides": overrides,
             "cells_done": len(mine),
             "levels": per_level,
+            # The seeds' median RL iteration, averaged; wall time on the machine that ran it.
+            "iteration_s": sum(walls) / len(walls) if walls else None,
         }
     return out
 
@@ -213,6 +226,17 @@ def results_markdown(results: dict[str, Any]) -> str:
                     f"| {_pct(g['final_mean'])} | {_pct(g['mean'], sign=True)} "
                     f"| {_ci(g['low'], g['high'])} |"
                 )
+    walls = {v: e.get("iteration_s") for v, e in results["variants"].items()}
+    if any(w is not None for w in walls.values()):
+        lines += [
+            "",
+            "Wall-clock per RL iteration (each seed's median iteration after the first, averaged "
+            "over the seeds; the machine's, under whatever else it ran):",
+            "",
+            "| variant | seconds per iteration |",
+            "|---|---:|",
+        ]
+        lines += [f"| {v} | {'n/a' if w is None else f'{w:.1f}'} |" for v, w in walls.items()]
     lines += [
         "",
         "## Cells",

@@ -512,6 +512,16 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
             with timing.phase("env"):
                 pool.submit("reset", items)
 
+    def reset_answered(ep: Episode, place: tuple[int, int] | None) -> None:
+        """``ep``'s reset is in (``place``: its cohort and row; None: lost); once its whole
+        group's are, the group's rows are ready for their first turn."""
+        group = group_of.pop(id(ep))
+        if place is not None:
+            started[id(group)].append(place)
+        if len(started[id(group)]) + sum(e.failed for e in group) == len(group):
+            for c, r in started.pop(id(group)):
+                ready[c].add(r)
+
     while True:
         for c in range(len(actors)):
             admit(c)
@@ -525,7 +535,6 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
             actions = actor.act(None, feed)
             items = {}
             for r in sorted(ready[c]):
-                ep = rows[c][r]
                 if actions[r] is None:  # the actor ended it (its context is full)
                     rows[c][r] = None
                 else:
@@ -549,21 +558,15 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
             if res.infra_failure:
                 ep.failed, ep.live = True, False
                 rows[c][r] = None
-                group = group_of.pop(id(ep), None)
-                if group is not None and len(started[id(group)]) + sum(
-                    e.failed for e in group
-                ) == len(group):
-                    ready[c].update(row for _, row in started.pop(id(group)))
+                if kind == "reset":
+                    reset_answered(ep, None)
                 continue
             if res.observation is not None:
                 ep.obs = res.observation
             ep.info = res.info
             if kind == "reset":
                 actors[c].start(ep)
-                group = group_of.pop(id(ep))
-                started[id(group)].append((c, r))
-                if len(started[id(group)]) + sum(e.failed for e in group) == len(group):
-                    ready[c].update(row for _, row in started.pop(id(group)))
+                reset_answered(ep, (c, r))
             else:
                 ep.live = not res.done
                 actors[c].observe(ep, res)

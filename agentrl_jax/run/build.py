@@ -43,7 +43,7 @@ from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, rende
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import multihost, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
-from agentrl_jax.run.config import RunConfig
+from agentrl_jax.run.config import ConfigError, RunConfig
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 
@@ -183,7 +183,9 @@ def sync_sampler(
       (multi-host: then copied to the local devices, and the merged copy dropped);
 
     - multi-host (``local``: this process's mesh): a copy in ``dtype`` split over the local
-      devices (``multihost.local_copy``), owned by the sampler;
+      devices (``multihost.local_copy``), owned by the sampler; one host with
+      ``config.rollout_mesh`` (``local``: the rollout's own devices): a copy in ``dtype`` moved
+      there device to device (``sharding.moved_copy``), owned by the sampler;
     - one host, parameters stored in another dtype than the compute one (f32 under bf16
       compute): a ``dtype`` copy in the train state's layout, owned by the sampler: half the
       bytes a decode step reads, and no per-turn cast of every weight;
@@ -199,16 +201,24 @@ def sync_sampler(
             raise ValueError("sync_sampler: a LoRA policy's state needs its graphdef to merge")
         merged = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
         if local is not None:
-            merged = multihost.local_copy(merged, local, dtype)
+            merged = _sampler_copy(merged, local, dtype)
         sampler.set_state(merged, owned=True)
     elif local is not None:
-        sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
+        sampler.set_state(_sampler_copy(policy, local, dtype), owned=True)
     elif sharding.casts(policy, dtype):
         sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
     elif copy:
         sampler.set_state(jax.tree.map(jnp.copy, policy), owned=True)
     else:
         sampler.set_state(policy)
+
+
+def _sampler_copy(policy: Any, local: Mesh, dtype: Any) -> Any:
+    """The sampler's copy of ``policy`` on its own mesh ``local``: this process's share of a
+    multi-host run, or a single host's rollout devices (``config.rollout_mesh``)."""
+    if jax.process_count() > 1:
+        return multihost.local_copy(policy, local, dtype)
+    return sharding.moved_copy(policy, local, dtype)
 
 
 def reference_copy(policy: Any, dtype: str) -> Any:
@@ -399,8 +409,38 @@ def chat_template(config: RunConfig, tok) -> ChatTemplate:
 
 
 def device_mesh(config: RunConfig) -> Mesh | None:
-    """The run's (data, fsdp, tp) mesh (-1: all devices); None for a single device."""
+    """The run's (data, fsdp, tp) mesh (-1: all devices); None for a single device.
+
+    With ``config.rollout_mesh`` the learner's mesh is the first ``prod(config.mesh)`` devices
+    (a mesh even of one device: the rollout's are others)."""
+    if config.rollout_mesh:
+        return make_mesh(config.mesh, jax.devices()[: math.prod(config.mesh)])
     return make_mesh(config.mesh) if math.prod(config.mesh) != 1 else None
+
+
+def rollout_device_mesh(config: RunConfig) -> Mesh | None:
+    """``config.rollout_mesh``'s mesh: the devices after the learner's (None: rollouts run on
+    the learner's mesh).
+
+    Raises:
+      ConfigError: the two meshes need more devices than there are, or the run is multi-host
+        (each process already samples on its own devices there).
+    """
+    if not config.rollout_mesh:
+        return None
+    first, size = math.prod(config.mesh), math.prod(config.rollout_mesh)
+    devices = jax.devices()
+    if jax.process_count() > 1:
+        raise ConfigError(
+            f"config.rollout_mesh={config.rollout_mesh} is for one host; a multi-host run samples "
+            "on each process's own devices already: leave it empty"
+        )
+    if first + size > len(devices):
+        raise ConfigError(
+            f"config.mesh={config.mesh} and config.rollout_mesh={config.rollout_mesh} need "
+            f"{first} + {size} devices; this run has {len(devices)}"
+        )
+    return make_mesh(config.rollout_mesh, devices[first : first + size])
 
 
 def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> Qwen2ForCausalLM:
@@ -457,7 +497,8 @@ class Parts:
       multihost: whether the run has more than one process.
       tokenizer, template: the tokenizer and the chat template.
       policy: the policy model (fresh, or the checkpoint's weights).
-      local_mesh: multi-host: this process's mesh, where it samples (else None).
+      local_mesh: where the sampler runs when not on ``mesh``: multi-host, this process's
+        mesh; one host with ``config.rollout_mesh``, the rollout's devices (else None).
       sampler, worker: the sampler (holding no weights until ``sync_sampler``) and the rollout
         worker (a ``ShardedRolloutWorker`` multi-host).
     """
@@ -520,6 +561,7 @@ def build(config: RunConfig, workdir: str) -> Parts:
 def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
     mesh = device_mesh(config)
     is_multihost = jax.process_count() > 1
+    rollout_mesh = rollout_device_mesh(config)  # checked before anything is built
     train = functools.cache(lambda: train_tasks(config))  # if a step below needs them
     if is_multihost:
         multihost.check_agreement(fingerprint(config, evals, train()))
@@ -533,12 +575,13 @@ def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
     template = chat_template(config, tok)
     model = policy(config, len(tok), mesh)
     # Multi-host: each process samples on its own devices, from a local copy of the policy.
-    local_mesh = multihost.local_mesh(model.cfg) if is_multihost else None
+    # One host with config.rollout_mesh: the sampler on devices of its own.
+    local_mesh = multihost.local_mesh(model.cfg) if is_multihost else rollout_mesh
     sampler = Sampler(
         model,
         stop=StopConfig(eos_ids=(template.stop_id(tok),)),
         pad_id=tok.pad_token_id,
-        mesh=local_mesh if is_multihost else mesh,
+        mesh=local_mesh if local_mesh is not None else mesh,
     )
     worker_cls = multihost.ShardedRolloutWorker if is_multihost else RolloutWorker
     parts = Parts(

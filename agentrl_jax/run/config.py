@@ -518,6 +518,10 @@ class RunConfig:
     # (data, fsdp, tp); the product is the device count, and one size may be -1: the devices the
     # others leave, e.g. (1, -1, 1) shards parameters over every device (FSDP).
     mesh: tuple[int, int, int] = (1, 1, 1)
+    # Disaggregated rollouts: (data, fsdp, tp) of a mesh of devices of their own, after the
+    # learner's (one host); the sampler's copy of the policy moves there device to device after
+    # each update. Empty: rollouts run on the learner's mesh.
+    rollout_mesh: tuple[int, ...] = ()
     env: EnvSection
     rollout: RolloutConfig
     curriculum: CurriculumConfig
@@ -554,6 +558,7 @@ class RunConfig:
                 f"config.mesh is {self.mesh}; expected three sizes (data, fsdp, tp), positive or "
                 "one -1 (the devices the others leave)"
             )
+        _check_rollout_mesh(self.rollout_mesh)
         rl, rollout, env = self.rl, self.rollout, self.env
         spec = kernels.get_advantage_spec(rl.algo)
         if spec.needs_values and rollout.context_mode != "episode":
@@ -671,7 +676,7 @@ def base_config() -> ml_collections.ConfigDict:
     """The defaults every ``configs/<name>.py`` starts from, generated from the dataclasses."""
     c = ml_collections.ConfigDict()
     top = _defaults(RunConfig)
-    for name in ("seed", "mesh", "eval_every", "watchdog_s", "plugins"):
+    for name in ("seed", "mesh", "rollout_mesh", "eval_every", "watchdog_s", "plugins"):
         c[name] = top[name]
     for name in ("model", "env", "rollout"):
         c[name] = _defaults(SECTIONS[name])
@@ -769,6 +774,17 @@ def load_config_file(spec: str):
     return module.get_config(arg) if arg else module.get_config()
 
 
+def _check_rollout_mesh(sizes) -> None:
+    if sizes and (
+        len(sizes) != 3
+        or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in sizes)
+    ):
+        raise ConfigError(
+            f"config.rollout_mesh is {sizes}; expected () (rollouts on the learner's mesh) or "
+            "three positive sizes (data, fsdp, tp)"
+        )
+
+
 def _mesh(value, num_devices: int | None) -> tuple[int, int, int]:
     """``config.mesh``: (data, fsdp, tp) sizes; one may be -1, the devices the others leave.
 
@@ -821,14 +837,30 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         raise ConfigError(f"config.curriculum: {e}") from e
     curriculum = _section(CurriculumConfig, cur, "config.curriculum")
     try:
-        mesh = _mesh(cd.get("mesh", top["mesh"]), num_devices)
+        rollout_mesh = tuple(int(x) for x in cd.get("rollout_mesh", top["rollout_mesh"]) or ())
     except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"config.rollout_mesh is {cd.get('rollout_mesh')!r}; expected three ints"
+        ) from e
+    _check_rollout_mesh(rollout_mesh)
+    learner_devices = num_devices
+    if num_devices is not None and rollout_mesh:
+        learner_devices = num_devices - math.prod(rollout_mesh)  # the rollout's are its own
+    try:
+        mesh = _mesh(cd.get("mesh", top["mesh"]), learner_devices)
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ConfigError) and learner_devices != num_devices:
+            raise ConfigError(
+                f"{e}; config.rollout_mesh={rollout_mesh} takes {math.prod(rollout_mesh)} of "
+                f"the {num_devices} devices"
+            ) from e
         if isinstance(e, ConfigError):
             raise
         raise ConfigError(f"config.mesh is {cd.get('mesh')!r}; expected three ints") from e
     return RunConfig(
         seed=cd.get("seed", top["seed"]),
         mesh=mesh,
+        rollout_mesh=rollout_mesh,
         curriculum=curriculum,
         eval_every=cd.get("eval_every", top["eval_every"]),
         watchdog_s=cd.get("watchdog_s", top["watchdog_s"]),

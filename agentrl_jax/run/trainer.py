@@ -490,6 +490,7 @@ class Trainer:
             # The phases so far (the checkpoint comes after the write): Trainer.profiles has them
             # all.
             metrics.update(timing.phase_metrics(clock))
+            metrics["time/iteration_s"] = clock.elapsed()  # its wall time so far (no checkpoint)
             logging.info("%s", iteration_summary(it + 1, total, metrics))
             self.writer.scalars(metrics, it + 1)
             self.writer.flush()
