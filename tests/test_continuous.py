@@ -57,7 +57,7 @@ def _episode(traj):
     )
 
 
-@pytest.mark.parametrize("mode", ["episode", "step"])
+@pytest.mark.parametrize("mode", ["episode", pytest.param("step", marks=pytest.mark.slow)])
 def test_continuous_batching_plays_the_episodes_of_synchronous_waves(
     policy_setup, textworld_games, mode
 ):

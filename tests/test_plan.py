@@ -297,7 +297,10 @@ def test_rollout_mesh_plans_the_sampler_on_devices_of_its_own():
     assert not shared["sampler"]["own_devices"]
     assert apart["programs"][0]["per_device_bytes"]["resident"] == 0
     assert shared["programs"][0]["per_device_bytes"]["resident"] > 0  # moments beside it
-    assert "on devices of its own (config.rollout_mesh)" in plan.format_table(apart)
+    assert apart["devices"] == 2 and apart["rollout_devices"] == 2
+    table = plan.format_table(apart)
+    assert "devices: 2 (+ 2 for rollouts)" in table
+    assert "on devices of its own (config.rollout_mesh)" in table
     cd.mesh, cd.rollout_mesh = (1, 4, 1), (1, 1, 2)
     with pytest.raises(ConfigError, match=r"rollout_mesh=\(1, 1, 2\) takes 2 of the 4 devices"):
         from_config_dict(cd, num_devices=4)

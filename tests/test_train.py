@@ -481,7 +481,7 @@ ASYNC_KILLS = {"rollout:5": "resumed from checkpoint 2 (phase rl, after RL itera
         # A LoRA run (adapters, their moments, the base in the state) resumes the same way.
         pytest.param("update:2", "lora", marks=pytest.mark.slow, id="update:2-lora"),
         # Asynchronous RL: killed in a rollout played in the background during an update.
-        pytest.param("rollout:5", "async", id="rollout:5-async"),
+        pytest.param("rollout:5", "async", marks=pytest.mark.slow, id="rollout:5-async"),
     ],
 )
 def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(

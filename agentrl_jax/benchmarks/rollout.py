@@ -182,26 +182,30 @@ SLOW_ENVS = (
     ("rollout.batching", "continuous"),
 )
 ASYNC = (("rollout.max_staleness", 1), ("rl.off_policy_correction", "tis"))
+ASYNC_REPEATS = 3  # timed processes per side, alternating, after one warm-up process each
 
 
 def _async_iterations(quick: bool) -> Row:
     """Whole RL iterations (``launch.bench iteration``'s run: the default, SFT off, 5
     iterations, a checkpoint every 2, the last evaluating): asynchronous (ours) against
     on-policy, each a process of its own on one compilation cache. Each side runs once to warm
-    the cache, then once timed; the row is iterations per hour from the timed process's median
-    iteration, the first (compiling) left out."""
+    the cache, then ``ASYNC_REPEATS`` times, the sides alternating; the row is iterations per
+    hour from the median of the timed processes' iterations, each one's first (compiling) left
+    out."""
     from agentrl_jax.benchmarks import iteration  # noqa: PLC0415
 
     base = tempfile.mkdtemp(prefix="agentrl_bench_async_")
     cache = os.path.join(base, "compile_cache")
     sides = {"ours": SLOW_ENVS + ASYNC, "reference": SLOW_ENVS}
-    profiles = {}
-    for phase in ("warm", "timed"):
+    profiles = {name: [] for name in sides}
+    phases = ["warm"] + [f"timed{i}" for i in range(1 if quick else ASYNC_REPEATS)]
+    for phase in phases:
         for name, overrides in sides.items():
             workdir = os.path.join(base, f"{phase}_{name}")
             spec = iteration.Spec(workdir, cache, quick=quick, overrides=overrides)
             out = iteration._spawn(spec, workdir + ".json")  # noqa: SLF001
-            profiles[name] = iteration.steady(out["profiles"])
+            if phase != "warm":
+                profiles[name] += iteration.steady(out["profiles"])
     summary = {name: iteration.summarize(p) for name, p in profiles.items()}
     per_hour = {name: 3600.0 / s["median_s"] for name, s in summary.items()}
     return Row(

@@ -200,6 +200,7 @@ def memory_plan(
     largest = max(programs, key=lambda p: p["per_device_bytes"]["peak"])
     return {
         "devices": mesh.size,
+        "rollout_devices": 0 if rollout_mesh is None else rollout_mesh.size,
         "platform": devices[0].platform,
         "device_kind": devices[0].device_kind,
         "mesh": [int(mesh.shape[a]) for a in sharding.MESH_AXES],
@@ -491,8 +492,10 @@ def format_table(plan: dict[str, Any]) -> str:
     peak = largest["per_device_bytes"]["peak"]
     unit, scale = ("GiB", GIB) if peak >= GIB else ("MiB", 1 << 20)
     gib = lambda n: f"{n / scale:.2f}"  # noqa: E731
+    apart = f" (+ {plan['rollout_devices']} for rollouts)" if plan.get("rollout_devices") else ""
     lines = [
-        f"devices: {plan['devices']}, mesh {dict(zip(plan['mesh_axes'], plan['mesh']))}, model "
+        f"devices: {plan['devices']}{apart}, mesh {dict(zip(plan['mesh_axes'], plan['mesh']))}, "
+        "model "
         f"{plan['model']['source']} ({plan['model']['params'] / 1e9:.2f}B params, "
         f"{plan['model']['dtype']}, remat={plan['model']['remat']})",
         "",

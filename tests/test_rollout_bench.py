@@ -1,0 +1,24 @@
+"""The rollout benchmark's plumbing (``--quick``): every workload measured, both sides played
+the same episodes."""
+
+import pytest
+
+from agentrl_jax.benchmarks import rollout
+
+pytestmark = [pytest.mark.slow, pytest.mark.filterwarnings("ignore:.*is not fully supported")]
+
+
+def test_quick_rollout_bench_measures_every_workload_on_the_same_episodes():
+    report = rollout.run(quick=True)
+    rows = {r.workload: r for r in report.rows}
+    assert sorted(rows) == [
+        "async_iterations_per_hour",
+        "env_latency_episodes_per_s",
+        "env_latency_over_concurrent_waves",
+    ]
+    latency = rows["env_latency_episodes_per_s"]
+    assert latency.extra["same_episodes"] and latency.ours > 0 and latency.reference > 0
+    assert rows["env_latency_over_concurrent_waves"].ratio is not None
+    timed = rows["async_iterations_per_hour"].extra["iterations_s"]
+    assert timed["ours"] and timed["reference"]  # the timed processes' steady iterations
+    assert "load_average_end" in report.facts
