@@ -289,7 +289,8 @@ def moved_copy(tree: Any, mesh: Mesh, dtype: Any = None) -> Any:
     The arrays move device to device (``jax.device_put``), then are cast on ``mesh``; the copy
     shares no buffer with ``tree``.
     """
-    placed = jax.device_put(tree, leaf_shardings(tree, mesh))
+    # may_alias=False: a copy even where ``mesh`` lays an array out as it already is.
+    placed = jax.device_put(tree, leaf_shardings(tree, mesh), may_alias=False)
     if dtype is None or not casts(placed, dtype):
         return placed
     out = cast_copy(placed, dtype)

@@ -76,6 +76,7 @@ def _evaluate(
             parts.policy.cfg.dtype,
             parts.local_mesh,
             graphdef=graphdef,
+            rollout=parts.rollout_mesh,
         )
         try:
             metrics, results = eval_report.evaluate_sets(

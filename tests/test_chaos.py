@@ -136,6 +136,7 @@ def chaos_trainer(tmp_path_factory):
         multihost=False,
         policy=policy,
         local_mesh=None,
+        rollout_mesh=None,
         curriculum=Curriculum(config.curriculum),
         rl_tasks=TASKS,
     )

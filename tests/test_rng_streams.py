@@ -6,6 +6,7 @@ iteration 7's stream). The seeds are recorded where the trainer's own code asks 
 """
 
 import contextlib
+import functools
 import os
 import types
 
@@ -53,7 +54,7 @@ def _run(seed):
     def stop(*args, **kwargs):
         raise _Stop
 
-    return types.SimpleNamespace(
+    run = types.SimpleNamespace(
         config=config,
         budget=budget_lib.from_config(config.budget),
         train_tasks=tasks,
@@ -62,6 +63,8 @@ def _run(seed):
         policy_in_sampler=contextlib.nullcontext,
         worker=types.SimpleNamespace(run=stop),
     )
+    run._iteration_draws = functools.partial(Trainer._iteration_draws, run)
+    return run
 
 
 def _demonstration_seed(run, recorded):

@@ -284,7 +284,7 @@ def test_rollout_mesh_sampler_plays_on_its_own_devices_as_on_the_learners():
     sampling = SamplingParams(temperature=1.0)
     on_learner = Sampler(policy, sampling=sampling, mesh=learner_mesh)
     apart = Sampler(policy, sampling=sampling, mesh=rollout_mesh)
-    build.sync_sampler(apart, params, jnp.float32, local=rollout_mesh)
+    build.sync_sampler(apart, params, jnp.float32, rollout=rollout_mesh)
     placed = {d for x in jax.tree.leaves(apart.state) for d in x.devices()}
     assert placed == set(devices[2:4]) and apart._owned
     assert all(x.is_deleted() is False for x in jax.tree.leaves(params))  # the learner's stay

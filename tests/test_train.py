@@ -614,6 +614,7 @@ def _checkpoint_trainer(config, directory):
         ref_policy=None,
         state=None,
         sft_state=None,
+        pending={},
     )
     for name in ("save", "_save", "_state_tree", "_freeze_reference", "restore"):
         setattr(trainer, name, functools.partial(getattr(Trainer, name), trainer))

@@ -171,6 +171,7 @@ def sync_sampler(
     local: Mesh | None = None,
     graphdef: nnx.GraphDef | None = None,
     copy: bool = False,
+    rollout: Mesh | None = None,
 ) -> None:
     """Gives ``sampler`` the policy's parameters ``policy`` (the train state's) in ``dtype``.
 
@@ -183,9 +184,9 @@ def sync_sampler(
       (multi-host: then copied to the local devices, and the merged copy dropped);
 
     - multi-host (``local``: this process's mesh): a copy in ``dtype`` split over the local
-      devices (``multihost.local_copy``), owned by the sampler; one host with
-      ``config.rollout_mesh`` (``local``: the rollout's own devices): a copy in ``dtype`` moved
-      there device to device (``sharding.moved_copy``), owned by the sampler;
+      devices (``multihost.local_copy``), owned by the sampler;
+    - one host with ``config.rollout_mesh`` (``rollout``: the rollout's own devices): a copy in
+      ``dtype`` moved there device to device (``sharding.moved_copy``), owned by the sampler;
     - one host, parameters stored in another dtype than the compute one (f32 under bf16
       compute): a ``dtype`` copy in the train state's layout, owned by the sampler: half the
       bytes a decode step reads, and no per-turn cast of every weight;
@@ -201,24 +202,23 @@ def sync_sampler(
             raise ValueError("sync_sampler: a LoRA policy's state needs its graphdef to merge")
         merged = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
         if local is not None:
-            merged = _sampler_copy(merged, local, dtype)
+            merged = multihost.local_copy(merged, local, dtype)
+        elif rollout is not None:
+            moved = sharding.moved_copy(merged, rollout, dtype)
+            for x in jax.tree.leaves(merged):
+                x.delete()
+            merged = moved
         sampler.set_state(merged, owned=True)
     elif local is not None:
-        sampler.set_state(_sampler_copy(policy, local, dtype), owned=True)
+        sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
+    elif rollout is not None:
+        sampler.set_state(sharding.moved_copy(policy, rollout, dtype), owned=True)
     elif sharding.casts(policy, dtype):
         sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
     elif copy:
         sampler.set_state(jax.tree.map(jnp.copy, policy), owned=True)
     else:
         sampler.set_state(policy)
-
-
-def _sampler_copy(policy: Any, local: Mesh, dtype: Any) -> Any:
-    """The sampler's copy of ``policy`` on its own mesh ``local``: this process's share of a
-    multi-host run, or a single host's rollout devices (``config.rollout_mesh``)."""
-    if jax.process_count() > 1:
-        return multihost.local_copy(policy, local, dtype)
-    return sharding.moved_copy(policy, local, dtype)
 
 
 def reference_copy(policy: Any, dtype: str) -> Any:
@@ -497,8 +497,9 @@ class Parts:
       multihost: whether the run has more than one process.
       tokenizer, template: the tokenizer and the chat template.
       policy: the policy model (fresh, or the checkpoint's weights).
-      local_mesh: where the sampler runs when not on ``mesh``: multi-host, this process's
-        mesh; one host with ``config.rollout_mesh``, the rollout's devices (else None).
+      local_mesh: multi-host: this process's mesh, where it samples (else None).
+      rollout_mesh: one host with ``config.rollout_mesh``: the rollout's own devices, where
+        it samples (else None).
       sampler, worker: the sampler (holding no weights until ``sync_sampler``) and the rollout
         worker (a ``ShardedRolloutWorker`` multi-host).
     """
@@ -513,6 +514,7 @@ class Parts:
     template: ChatTemplate
     policy: Qwen2ForCausalLM
     local_mesh: Mesh | None
+    rollout_mesh: Mesh | None
     sampler: Sampler
     worker: RolloutWorker
 
@@ -575,13 +577,14 @@ def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
     template = chat_template(config, tok)
     model = policy(config, len(tok), mesh)
     # Multi-host: each process samples on its own devices, from a local copy of the policy.
-    # One host with config.rollout_mesh: the sampler on devices of its own.
-    local_mesh = multihost.local_mesh(model.cfg) if is_multihost else rollout_mesh
+    local_mesh = multihost.local_mesh(model.cfg) if is_multihost else None
+    # Multi-host: this process's devices; one host with config.rollout_mesh: devices of its own.
+    sampler_mesh = next((m for m in (local_mesh, rollout_mesh) if m is not None), mesh)
     sampler = Sampler(
         model,
         stop=StopConfig(eos_ids=(template.stop_id(tok),)),
         pad_id=tok.pad_token_id,
-        mesh=local_mesh if local_mesh is not None else mesh,
+        mesh=sampler_mesh,
     )
     worker_cls = multihost.ShardedRolloutWorker if is_multihost else RolloutWorker
     parts = Parts(
@@ -595,6 +598,7 @@ def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
         template=template,
         policy=model,
         local_mesh=local_mesh,
+        rollout_mesh=rollout_mesh,
         sampler=sampler,
         worker=worker_cls(pool, sampler, tok, template, config.rollout),
     )

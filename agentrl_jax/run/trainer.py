@@ -176,6 +176,7 @@ class Trainer:
         self.parts = parts = build.build(config, self.workdir)
         self.eval_tasks, self.pool, self.multihost = parts.eval_tasks, parts.pool, parts.multihost
         self.mesh, self.local_mesh = parts.mesh, parts.local_mesh
+        self.rollout_mesh = parts.rollout_mesh
         self.tokenizer, self.template = parts.tokenizer, parts.template
         self.policy, self.sampler, self.worker = parts.policy, parts.sampler, parts.worker
         # The trainer's own: replaced by one grown from the SFT policy when SFT ends.
@@ -667,6 +668,7 @@ class Trainer:
                 self.local_mesh,
                 graphdef=self.learner.policy_graphdef,
                 copy=copy,
+                rollout=self.rollout_mesh,
             )
 
     def evaluate(self, name: str, *, report: bool = False) -> dict[str, float]:
