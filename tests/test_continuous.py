@@ -57,7 +57,9 @@ def _episode(traj):
     )
 
 
-@pytest.mark.parametrize("mode", ["episode", pytest.param("step", marks=pytest.mark.slow)])
+# Slow: the default suite plays continuous batching through test_train's asynchronous run.
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["episode", "step"])
 def test_continuous_batching_plays_the_episodes_of_synchronous_waves(
     policy_setup, textworld_games, mode
 ):
