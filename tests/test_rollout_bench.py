@@ -13,12 +13,18 @@ def test_quick_rollout_bench_measures_every_workload_on_the_same_episodes():
     rows = {r.workload: r for r in report.rows}
     assert sorted(rows) == [
         "async_iterations_per_hour",
+        "async_iterations_per_hour_default_rollout",
         "env_latency_episodes_per_s",
         "env_latency_over_concurrent_waves",
     ]
     latency = rows["env_latency_episodes_per_s"]
     assert latency.extra["same_episodes"] and latency.ours > 0 and latency.reference > 0
     assert rows["env_latency_over_concurrent_waves"].ratio is not None
-    timed = rows["async_iterations_per_hour"].extra["iterations_s"]
-    assert timed["ours"] and timed["reference"]  # the timed processes' steady iterations
+    for name in ("async_iterations_per_hour", "async_iterations_per_hour_default_rollout"):
+        timed = rows[name].extra["iterations_s"]
+        assert timed["ours"] and timed["reference"]  # the timed processes' steady iterations
+    assert (
+        "env.concurrent_steps"
+        not in rows["async_iterations_per_hour_default_rollout"].extra["both"]
+    )
     assert "load_average_end" in report.facts
