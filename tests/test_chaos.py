@@ -143,6 +143,7 @@ def chaos_trainer(tmp_path_factory):
     for name in (
         "rl_iteration",
         "_iteration_draws",
+        "_play",
         "_learn",
         "policy_in_sampler",
         "_sync_sampler",

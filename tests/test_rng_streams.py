@@ -64,6 +64,7 @@ def _run(seed):
         worker=types.SimpleNamespace(run=stop),
     )
     run._iteration_draws = functools.partial(Trainer._iteration_draws, run)
+    run._play = functools.partial(Trainer._play, run)
     return run
 
 

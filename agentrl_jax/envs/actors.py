@@ -264,7 +264,7 @@ class ActorPool:
                 f"got {len(tasks)} tasks; the pool holds 1..{self.capacity} episodes "
                 f"({self.num_workers} workers x {self.envs_per_worker} envs)"
             )
-        self._drain()
+        self._wait_all()  # a new batch starts clean: what is still in flight is dropped
         self._alive = [False] * self.capacity
         self._lost = [None] * self.capacity
         self._batch = len(tasks)
@@ -455,10 +455,6 @@ class ActorPool:
         while self.in_flight:
             out.update(self.poll())
         return out
-
-    def _drain(self) -> None:
-        """Waits out (and drops) what is still in flight: a new batch starts clean."""
-        self._wait_all()
 
     def _account(self, slot: int, kind: str, result: StepResult) -> StepResult:
         if result.infra_failure:

@@ -68,6 +68,7 @@ from agentrl_jax.run.build import (
     reference_copy,
     rl_learner,
     rl_sampling,
+    rollout_device_mesh,
     sft_learner,
 )
 from agentrl_jax.run.config import RunConfig
@@ -129,20 +130,13 @@ def memory_plan(
         )
     mesh = sharding.make_mesh(mesh_shape, devices[: math.prod(mesh_shape)])
     check_local_devices(local_devices, mesh.size)
-    rollout_mesh = None
     if config.rollout_mesh and local_devices is not None:
         raise ValueError(
             f"local_devices={local_devices} plans a multi-host run, and "
             f"config.rollout_mesh={config.rollout_mesh} is for one host: give one of them"
         )
-    if config.rollout_mesh:  # disaggregated: the sampler on the devices after the learner's
-        first, size = mesh.size, math.prod(config.rollout_mesh)
-        if first + size > len(devices):
-            raise ValueError(
-                f"config.mesh={mesh_shape} and config.rollout_mesh={config.rollout_mesh} need "
-                f"{first} + {size} devices; {len(devices)} are visible"
-            )
-        rollout_mesh = sharding.make_mesh(config.rollout_mesh, devices[first : first + size])
+    # Disaggregated: the sampler on the devices after the learner's (the run's own rule).
+    rollout_mesh = rollout_device_mesh(config, devices)
     model_cfg = model_config(config)
     policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
     # The policy as RL trains it (``build.rl_policy``): with LoRA, adapters on the targeted

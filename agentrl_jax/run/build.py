@@ -418,9 +418,9 @@ def device_mesh(config: RunConfig) -> Mesh | None:
     return make_mesh(config.mesh) if math.prod(config.mesh) != 1 else None
 
 
-def rollout_device_mesh(config: RunConfig) -> Mesh | None:
-    """``config.rollout_mesh``'s mesh: the devices after the learner's (None: rollouts run on
-    the learner's mesh).
+def rollout_device_mesh(config: RunConfig, devices=None) -> Mesh | None:
+    """``config.rollout_mesh``'s mesh: the devices after the learner's among ``devices``
+    (default ``jax.devices()``); None: rollouts run on the learner's mesh.
 
     Raises:
       ConfigError: the two meshes need more devices than there are, or the run is multi-host
@@ -429,7 +429,7 @@ def rollout_device_mesh(config: RunConfig) -> Mesh | None:
     if not config.rollout_mesh:
         return None
     first, size = math.prod(config.mesh), math.prod(config.rollout_mesh)
-    devices = jax.devices()
+    devices = list(jax.devices() if devices is None else devices)
     if jax.process_count() > 1:
         raise ConfigError(
             f"config.rollout_mesh={config.rollout_mesh} is for one host; a multi-host run samples "

@@ -515,13 +515,19 @@ class Trainer:
         if self.config.rollout.max_staleness:
             return self.async_iteration(it)
         tasks, rng, np_rng = self._iteration_draws(it)
+        trajs, seconds = self._play(tasks, rng)
+        _tag_version(trajs, it)
+        return self._learn(it, trajs, np_rng, seconds)
+
+    def _play(self, tasks: list[Task], rng: jax.Array) -> tuple[list[Trajectory], float]:
+        """An RL rollout of ``tasks`` by the current policy, now; its episodes and seconds.
+
+        text: its own seconds (rendering, encoding, contexts, decoding); the sampler's copy of
+        the policy is released on exit, so it is not held through the update."""
         t0 = time.perf_counter()
-        # text: its own seconds (rendering, encoding, contexts, decoding); the sampler's copy of
-        # the policy is released on exit, so it is not held through the update.
         with self.policy_in_sampler(), timing.phase("text"):
             trajs = self.worker.run(tasks, rng, sampling=rl_sampling(self.config))
-        _tag_version(trajs, it)
-        return self._learn(it, trajs, np_rng, time.perf_counter() - t0)
+        return trajs, time.perf_counter() - t0
 
     def _iteration_draws(self, it: int) -> tuple[list[Task], jax.Array, np.random.Generator]:
         """Iteration ``it``'s tasks (the curriculum's levels as it stands), its rollout's key,
@@ -566,10 +572,8 @@ class Trainer:
         """Iteration ``it``'s rollout, played now by the current policy (RL version
         ``version``)."""
         tasks, rng, np_rng = self._iteration_draws(it)
-        t0 = time.perf_counter()
-        with self.policy_in_sampler(), timing.phase("text"):
-            trajs = self.worker.run(tasks, rng, sampling=rl_sampling(self.config))
-        return PendingRollout.of(it, version, trajs, np_rng, time.perf_counter() - t0)
+        trajs, seconds = self._play(tasks, rng)
+        return PendingRollout.of(it, version, trajs, np_rng, seconds)
 
     def _start_ahead(self, it: int, version: int):
         """Iteration ``it``'s rollout, started in a background thread by the current policy:
