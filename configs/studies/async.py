@@ -10,8 +10,8 @@ sampling (``rl.off_policy_correction=tis``, cap 2). No step latency: this asks w
 to learning; ``python -m launch.bench rollout`` measures what it saves with slow environments.
 
 200 simple test games, constrained decoding, greedy, seeds 0, 1, 2; each difference is paired by
-seed. The study reports every run's wall-clock per RL iteration too. About 90 minutes on 2 cores;
-docs/results.md.
+seed. The study reports every run's wall-clock per RL iteration too. About 65 minutes on 2 idle
+cores; docs/results.md.
 """
 
 
