@@ -181,7 +181,7 @@ def sync_sampler(
     - a LoRA policy (``policy`` holds ``nnx.LoRAParam`` adapters; ``graphdef`` is its graph,
       the learner's ``policy_graphdef``): the merged weights ``W + A B alpha / r`` in ``dtype``
       (``lora.merge``: one program, summed in f32), a plain model's state owned by the sampler
-      (multi-host: then copied to the local devices, and the merged copy dropped);
+      (on a mesh of its own, as below: then copied there, and the merged copy dropped);
 
     - multi-host (``local``: this process's mesh): a copy in ``dtype`` split over the local
       devices (``multihost.local_copy``), owned by the sampler;
@@ -200,19 +200,15 @@ def sync_sampler(
 
         if graphdef is None:
             raise ValueError("sync_sampler: a LoRA policy's state needs its graphdef to merge")
-        merged = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
-        if local is not None:
-            merged = multihost.local_copy(merged, local, dtype)
-        elif rollout is not None:
-            moved = sharding.moved_copy(merged, rollout, dtype)
-            for x in jax.tree.leaves(merged):
-                x.delete()
-            merged = moved
-        sampler.set_state(merged, owned=True)
-    elif local is not None:
+        policy = merged = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
+    else:
+        merged = None
+    if local is not None:
         sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
     elif rollout is not None:
         sampler.set_state(sharding.moved_copy(policy, rollout, dtype), owned=True)
+    elif merged is not None:
+        sampler.set_state(merged, owned=True)
     elif sharding.casts(policy, dtype):
         sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
     elif copy:
