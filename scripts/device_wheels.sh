@@ -37,6 +37,7 @@ done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
   --implementation cp "${platforms[@]}" -d .whl "${specs[@]}"
 for name in jericho fast-downward-textworld; do  # sdists only: built on the machine
-  python3 -m pip download -q --no-deps --no-binary=:all: -d .whl "$name==$(pin "$name")"
+  # --no-binary names the package alone: ':all:' would build its build needs (cmake) from source
+  python3 -m pip download -q --no-deps --no-binary="$name" -d .whl "$name==$(pin "$name")"
 done
 du -sh .whl
