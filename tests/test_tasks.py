@@ -43,6 +43,35 @@ def test_alfworld_levels_are_task_types_and_splits_are_the_benchmarks(shared_dat
     assert len(make_tasks("alfworld", "all", "valid_seen", 1000, kwargs)) == 140
 
 
+def test_spread_order_prefixes_cover_the_range_evenly():
+    from agentrl_jax.envs.alfworld_data import spread_order
+
+    for n in (0, 1, 2, 5, 8, 13, 3553):
+        order = spread_order(n)
+        assert sorted(order) == list(range(n))
+        for k in (1, 2, 4, 8):  # every prefix of k holds one index of each k-th of the range
+            if k <= n and n % k == 0:
+                assert sorted(i * k // n for i in order[:k]) == list(range(k))
+
+
+def test_alfworld_first_train_tasks_span_every_type(shared_data):
+    """A run's first train tasks (its demonstrations) hold every task type in about its share
+    of the split; the sorted ids would give ``look_at_obj_in_light`` alone."""
+    from collections import Counter
+
+    from agentrl_jax.envs.alfworld_data import task_type_of
+
+    kwargs = {"data_dir": str(shared_data / "alfworld")}
+    every = make_tasks("alfworld", "all", "train", 10_000, kwargs)
+    first = make_tasks("alfworld", "all", "train", 60, kwargs)
+    assert first == every[:60] and len({t.id for t in every}) == len(every) == 3553
+    share = Counter(task_type_of(t.id) for t in every)
+    counts = Counter(task_type_of(t.id) for t in first)
+    assert set(counts) == set(share)
+    for kind, n in counts.items():
+        assert abs(n - 60 * share[kind] / 3553) <= 2, (kind, n, share[kind])
+
+
 def test_textworld_train_and_eval_games_differ(textworld_games, monkeypatch):
     monkeypatch.setenv("AGENTRL_CACHE", str(textworld_games["root"]))
     train = make_tasks("textworld", "simple", "train", 3)

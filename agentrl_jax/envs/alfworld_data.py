@@ -198,11 +198,23 @@ def task_type_of(task_id: str) -> str:
 
 
 def alfworld_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
-    """ALFWorld: the first ``count`` games of task type ``level`` (``all``: every type)."""
+    """ALFWorld: ``count`` games of task type ``level`` (``all``: every type), in ``spread_order``
+    over the split's sorted ids, so that any first ``k`` of them (``count`` here, or the first
+    tasks a run takes for its demonstrations) keep the types' shares and the rooms' spread: the
+    sorted list runs type by type, and its first games would all be ``look_at_obj_in_light``."""
     root = resolve_data_dir(env_kwargs.get("data_dir"))
     types = None if level == "all" else (level,)
     ids = list_task_ids(root, split, types)
-    return [Task(env="alfworld", split=split, id=i) for i in ids[:count]]
+    picked = [ids[i] for i in spread_order(len(ids))[:count]]
+    return [Task(env="alfworld", split=split, id=i) for i in picked]
+
+
+def spread_order(n: int) -> list[int]:
+    """``range(n)`` in bit-reversed (van der Corput) order: every prefix of it is spread evenly
+    over ``0..n-1`` (0, n/2, n/4, 3n/4, ... for a power of two)."""
+    bits = max(n - 1, 0).bit_length()
+    order = (int(format(i, f"0{bits}b")[::-1], 2) if bits else 0 for i in range(1 << bits))
+    return [i for i in order if i < n]
 
 
 def alfworld_task_type(task: Task) -> str:
