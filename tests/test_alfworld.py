@@ -306,6 +306,18 @@ def test_fast_engine_gives_identical_episodes(demo):
     assert alfworld_speedups.installed()
     assert episode() == stock and stock[2]["won"]
     assert episode() == stock  # Again, now from the memoized translation and parses.
+    # A new process's load: the translations come back from the disk cache, or, corrupt there,
+    # are translated again and rewritten; the episode is the same either way.
+    files = sorted(alfworld_games.translations_dir(demo[1]).glob("*.pkl.z"))
+    assert len(files) == 2  # the plain and the optimized translation of the problem
+    for corrupt in (False, True):
+        if corrupt:
+            for f in files:
+                f.write_bytes(b"not a translation")
+        alfworld_speedups.clear_translation_cache()
+        env._loaded = None  # the next reset loads the game again
+        assert episode() == stock
+    assert all(len(f.read_bytes()) > 1000 for f in files)  # rewritten whole
 
 
 def test_bench_rows_quick():

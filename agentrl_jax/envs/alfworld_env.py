@@ -143,7 +143,7 @@ class ALFWorldEnv(Env):
         if self.fast_engine:
             from agentrl_jax.envs import alfworld_speedups
 
-            alfworld_speedups.install()
+            alfworld_speedups.install(translations=alfworld_games.translations_dir(self.cache_dir))
         if self._loaded != game_file:
             self._loaded = None
             alfworld_engine.guarded(

@@ -62,6 +62,12 @@ def shipped_logic() -> tuple[str, str]:
     return domain, grammar
 
 
+def translations_dir(cache_dir: str | os.PathLike | None) -> pathlib.Path:
+    """Where the fast engine keeps the games' PDDL-to-SAS translations (``alfworld_speedups``)."""
+    cache = pathlib.Path(cache_dir) if cache_dir is not None else alfworld_data.default_cache_dir()
+    return cache / "translations"
+
+
 def game_dir(cache_dir: str | os.PathLike | None, split: str, task_id: str) -> pathlib.Path:
     """Where the game of ``split/task_id`` is cached."""
     cache = pathlib.Path(cache_dir) if cache_dir is not None else alfworld_data.default_cache_dir()
