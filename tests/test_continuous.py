@@ -80,7 +80,7 @@ def test_continuous_batching_plays_the_episodes_of_synchronous_waves(
         constrain_actions=True,
         show_admissible=False,
     )
-    played, prefilled = {}, {}
+    played, prefilled, ended = {}, {}, {}
     with ActorPool(
         "textworld",
         {**kwargs, "step_latency_s": [0.0, 0.05]},
@@ -93,7 +93,10 @@ def test_continuous_batching_plays_the_episodes_of_synchronous_waves(
                 pool, sampler, tok, template, dataclasses.replace(config, batching=batching)
             )
             before = sampler.prefilled_rows
-            played[batching] = worker.run(tasks, jax.random.key(3), group_offset=5)
+            ended[batching] = []  # each progress call's count of episodes that just ended
+            played[batching] = worker.run(
+                tasks, jax.random.key(3), group_offset=5, progress=ended[batching].append
+            )
             prefilled[batching] = sampler.prefilled_rows - before
     waves, stream = played["waves"], played["continuous"]
     assert [_episode(t) for t in stream] == [_episode(t) for t in waves]
@@ -104,6 +107,8 @@ def test_continuous_batching_plays_the_episodes_of_synchronous_waves(
     assert [t.group for t in stream] == [5 + i // 2 for i in range(10)]
     assert sum(len(t.steps) for t in stream) > 10  # episodes of several turns
     assert prefilled["continuous"] == prefilled["waves"]
+    assert ended["waves"] == [8, 2]  # a wave at a time
+    assert ended["continuous"] == [1] * 10  # an episode at a time, as each ends
 
 
 def test_continuous_batching_checks_that_a_group_fits_a_cohort(policy_setup, textworld_games):

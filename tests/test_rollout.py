@@ -391,6 +391,18 @@ def test_expert_rollout_encodes_the_experts_command_once(setup):
     assert pool.actions == ["go north", "take coin"] and traj.won
 
 
+def test_run_reports_the_episodes_that_end_to_progress(setup):
+    tok, policy, template, sampler = setup
+    cfg = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=6, max_seq_len=512)
+    pool = ScriptedPool((2, 3))
+    pool.capacity = 4  # waves of 2 tasks x 2 episodes
+    worker = RolloutWorker(pool, sampler, tok, template, cfg)
+    tasks = [Task("scripted", "train", x) for x in "abc"]
+    ended = []
+    trajs = worker.run(tasks, jax.random.key(0), expert=True, progress=ended.append)
+    assert len(trajs) == 6 and ended == [4, 2]
+
+
 def test_render_observation_lists_commands():
     obs = Observation(objective="win", text="a room", admissible_commands=("look", "go east"))
     text = render_observation(obs, first=True, show_admissible=True)

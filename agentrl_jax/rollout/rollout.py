@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import copy
 import dataclasses
+from collections.abc import Callable
 from typing import Protocol
 
 import jax
@@ -207,6 +208,7 @@ class RolloutWorker:
         expert: bool = False,
         group_size: int | None = None,
         task_offset: int = 0,
+        progress: Callable[[int], object] | None = None,
     ) -> list[Trajectory]:
         """Plays ``group_size`` episodes of every task; returns them in task-major order.
 
@@ -219,7 +221,8 @@ class RolloutWorker:
         so an episode plays the same whichever wave holds it. ``task_offset`` is the position of
         ``tasks[0]`` in a longer task list that this call plays a slice of (a multi-host
         process's share): the slice's episodes are keyed and grouped by their positions in the
-        whole list, so they play exactly as they would inside it.
+        whole list, so they play exactly as they would inside it. ``progress`` is called with
+        the number of this worker's episodes that just ended (a progress bar's ``update``).
         """
         group_size = group_size or self.config.group_size
         tasks = list(tasks)
@@ -234,6 +237,7 @@ class RolloutWorker:
                 expert=expert,
                 group_size=group_size,
                 task_offset=task_offset,
+                progress=progress,
             )
             return self.gather(played)
         out = []
@@ -247,6 +251,8 @@ class RolloutWorker:
                 expert=expert,
                 group_size=group_size,
             )
+            if progress is not None:
+                progress((wave.stop - wave.start) * group_size)
         return self.gather(out)
 
     def waves(self, num_tasks: int, per_wave: int) -> list[slice]:
@@ -268,7 +274,17 @@ class RolloutWorker:
         return [_finished(ep) for ep in episodes]
 
     def _run_stream(
-        self, tasks, waves, rng, *, sampling, group_offset, expert, group_size, task_offset
+        self,
+        tasks,
+        waves,
+        rng,
+        *,
+        sampling,
+        group_offset,
+        expert,
+        group_size,
+        task_offset,
+        progress,
     ):
         """``batching='continuous'``: this worker's tasks (``waves``) as one stream of groups
         through the pool's slots (``play_stream``), each episode keyed as in its wave."""
@@ -298,7 +314,7 @@ class RolloutWorker:
             _WaveActor(self, None, sampling=sampling, expert=expert, size=rows)
             for _ in range(self.config.cohorts)
         ]
-        play_stream(self.pool, groups, self.config.max_turns, actors)
+        play_stream(self.pool, groups, self.config.max_turns, actors, progress)
         return [_finished(ep) for group in groups for ep in group]
 
     def _step_context(self, header, history, obs_ids, traj) -> list[int] | None:
@@ -473,7 +489,13 @@ def _finished(ep: Episode) -> Trajectory:
 _IDLE = Episode(task=None, live=False)  # a row with nothing to decode this turn
 
 
-def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list) -> None:
+def play_stream(
+    pool,
+    groups: list[list[Episode]],
+    max_turns: int,
+    actors: list,
+    progress: Callable[[int], object] | None = None,
+) -> None:
     """Plays ``groups`` of episodes through the pool's slots, continuously batched.
 
     The slots are cut into ``len(actors)`` cohorts of ``size`` rows (each actor owns its
@@ -482,7 +504,8 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
     and its resets are sent. A cohort decodes (``actor.act``) its rows whose observations are
     in as soon as none of its env steps is in flight, then sends their commands and goes on:
     while one cohort's envs step, another decodes. An episode that ends (done, lost, cut by
-    its context, or ``max_turns`` actions played) frees its row at once.
+    its context, or ``max_turns`` actions played) frees its row at once (and is counted to
+    ``progress``, when given).
     """
     size = actors[0].size
     queue = collections.deque(groups)
@@ -512,6 +535,12 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
             with timing.phase("env"):
                 pool.submit("reset", items)
 
+    def free(c: int, r: int) -> None:
+        """Cohort ``c``'s row ``r`` ends its episode."""
+        rows[c][r] = None
+        if progress is not None:
+            progress(1)
+
     def reset_answered(ep: Episode, place: tuple[int, int] | None) -> None:
         """``ep``'s reset is in (``place``: its cohort and row; None: lost); once its whole
         group's are, the group's rows are ready for their first turn."""
@@ -536,7 +565,7 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
             items = {}
             for r in sorted(ready[c]):
                 if actions[r] is None:  # the actor ended it (its context is full)
-                    rows[c][r] = None
+                    free(c, r)
                 else:
                     items[c * size + r] = actions[r]
             ready[c].clear()
@@ -557,7 +586,7 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
                 stepping[c] -= 1
             if res.infra_failure:
                 ep.failed, ep.live = True, False
-                rows[c][r] = None
+                free(c, r)
                 if kind == "reset":
                     reset_answered(ep, None)
                 continue
@@ -573,7 +602,7 @@ def play_stream(pool, groups: list[list[Episode]], max_turns: int, actors: list)
                 if ep.live and ep.turn < max_turns:
                     ready[c].add(r)
                 else:
-                    rows[c][r] = None
+                    free(c, r)
 
 
 class _WaveActor:

@@ -25,6 +25,7 @@ from agentrl_jax import stats as stats_lib
 from agentrl_jax.envs.base import Task
 from agentrl_jax.rollout.rollout import RolloutWorker
 from agentrl_jax.run.evaluation import EvalResult, Stats, evaluate, paired_gain
+from agentrl_jax.run.logs import episode_bar
 
 
 def evaluate_sets(
@@ -55,9 +56,16 @@ def evaluate_sets(
     for prefix, level, tasks in sets:
         ids = tuple((t.split, t.id) for t in tasks)
         if ids not in played:
-            played[ids] = evaluate(
-                worker, tasks, jax.random.key(0), greedy=True, seed=seed, transcripts=transcripts
-            )
+            with episode_bar(f"evaluate {level}", len(tasks)) as progress:
+                played[ids] = evaluate(
+                    worker,
+                    tasks,
+                    jax.random.key(0),
+                    greedy=True,
+                    seed=seed,
+                    transcripts=transcripts,
+                    progress=progress,
+                )
         result = results[level] = played[ids]
         if write:
             write_report(result, out_dir, f"{name}_{level.replace('@', '_')}")

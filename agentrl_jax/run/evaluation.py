@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -292,6 +292,7 @@ def evaluate(
     batch_size: int | None = None,
     seed: int | None = None,
     transcripts: int = 0,
+    progress: Callable[[int], object] | None = None,
 ) -> EvalResult:
     """Plays every task with the policy and reports success overall and per task type.
 
@@ -306,6 +307,7 @@ def evaluate(
         its actor pool; a multi-host worker splits them over the processes).
       seed: the run's seed, recorded in the result (the policy's; greedy play needs no key).
       transcripts: keep the first this many episodes, in task order, as text (``transcript``).
+      progress: called with the number of episodes that just ended (a progress bar's update).
 
     Returns:
       EvalResult, with the decoding mode of ``worker.config.constrain_actions``.
@@ -324,7 +326,7 @@ def evaluate(
     trajs: list[Trajectory] = []
     for start in range(0, len(tasks), per_call):
         chunk = list(tasks[start : start + per_call])
-        trajs += worker.run(chunk, rng, sampling=sampling, task_offset=start)
+        trajs += worker.run(chunk, rng, sampling=sampling, task_offset=start, progress=progress)
     result = summarize(
         trajs,
         greedy=greedy,

@@ -20,6 +20,7 @@ and user code (plugins, configs) count as the project's own.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
@@ -144,4 +145,17 @@ def log_path() -> str | None:
     return _log_path
 
 
-__all__ = ["ConsoleHandler", "is_library", "log_path", "setup", "to_workdir"]
+@contextlib.contextmanager
+def episode_bar(desc: str, total: int):
+    """A progress bar with its ETA over ``total`` episodes of a long phase (an evaluation, the
+    demonstrations, a rollout); yields its ``update`` (a worker's ``progress``). Process 0's
+    only, cleared when the phase ends (the phase's own log line says what it did)."""
+    import jax  # noqa: PLC0415
+    from tqdm.auto import tqdm  # noqa: PLC0415 - the trainer's bars are tqdm.auto's
+
+    primary = jax.process_index() == 0
+    with tqdm(total=total, desc=desc, unit="episode", leave=False, disable=not primary) as bar:
+        yield bar.update
+
+
+__all__ = ["ConsoleHandler", "episode_bar", "is_library", "log_path", "setup", "to_workdir"]

@@ -46,7 +46,7 @@ from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
-from agentrl_jax.run import build, eval_report, evaluation, multihost, paths
+from agentrl_jax.run import build, eval_report, evaluation, logs, multihost, paths
 
 # The builders moved to run/build.py (issue #33); these stay importable from here for a release.
 from agentrl_jax.run.build import (  # noqa: F401
@@ -375,8 +375,11 @@ class Trainer:
     def demonstrations(self) -> list[Trajectory]:
         """Expert episodes on the demonstration tasks (the won ones)."""
         tasks = self.demonstration_tasks()
-        with self.watchdog.guard("the SFT demonstrations"):
-            demos = self.worker.run(tasks, jax.random.key(0), expert=True, group_size=1)
+        bar = logs.episode_bar("demonstrations", len(tasks))
+        with self.watchdog.guard("the SFT demonstrations"), bar as progress:
+            demos = self.worker.run(
+                tasks, jax.random.key(0), expert=True, group_size=1, progress=progress
+            )
         won = [d for d in demos if d.won and not d.infra_failure]
         logging.info("SFT: %d expert demonstrations, %d won", len(demos), len(won))
         return won
@@ -525,8 +528,10 @@ class Trainer:
         text: its own seconds (rendering, encoding, contexts, decoding); the sampler's copy of
         the policy is released on exit, so it is not held through the update."""
         t0 = time.perf_counter()
-        with self.policy_in_sampler(), timing.phase("text"):
-            trajs = self.worker.run(tasks, rng, sampling=rl_sampling(self.config))
+        bar = logs.episode_bar("rollout", len(tasks) * self.config.rollout.group_size)
+        with self.policy_in_sampler(), timing.phase("text"), bar as progress:
+            sampling = rl_sampling(self.config)
+            trajs = self.worker.run(tasks, rng, sampling=sampling, progress=progress)
         return trajs, time.perf_counter() - t0
 
     def _iteration_draws(self, it: int) -> tuple[list[Task], jax.Array, np.random.Generator]:
