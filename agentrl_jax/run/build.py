@@ -41,7 +41,7 @@ from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.chat_template import ChatTemplate
 from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, render_observation
 from agentrl_jax.rollout.trajectory import Trajectory
-from agentrl_jax.run import multihost, workdir_config
+from agentrl_jax.run import logs, multihost, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.run.config import ConfigError, RunConfig
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
@@ -314,10 +314,19 @@ def expert_texts(pool: ActorPool, tasks: list[Task], rollout) -> list[str]:
     them, with the admissible commands) and commands of the expert's episodes on ``tasks``."""
     texts = [rollout.system_prompt]
     actor = _ExpertTexts(texts)
-    for start in range(0, len(tasks), pool.capacity):
-        batch = tasks[start : start + pool.capacity]
-        play_wave(pool, [Episode(task=t) for t in batch], rollout.max_turns, actor)
+    with logs.episode_bar("tokenizer corpus", len(tasks)) as progress:
+        for start in range(0, len(tasks), pool.capacity):
+            batch = tasks[start : start + pool.capacity]
+            play_wave(pool, [Episode(task=t) for t in batch], rollout.max_turns, actor)
+            progress(len(batch))
     return texts
+
+
+def corpus_tasks(config: RunConfig, train: dict[str, list[Task]]) -> list[Task]:
+    """The train tasks the built tokenizer learns from: each level's first
+    ``model.tokenizer_tasks`` (all of them when 0)."""
+    limit = config.model.tokenizer_tasks or None
+    return [t for ts in train.values() for t in ts[:limit]]
 
 
 def tokenizer(config: RunConfig, workdir: str, corpus: Callable[[], list[str]]):
@@ -566,7 +575,7 @@ def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
     tok = tokenizer(
         config,
         workdir,
-        lambda: expert_texts(pool, [t for ts in train().values() for t in ts], config.rollout),
+        lambda: expert_texts(pool, corpus_tasks(config, train()), config.rollout),
     )
     if is_multihost:
         multihost.check_agreement({"tokenizer": tokenizer_fingerprint(tok)})

@@ -182,6 +182,9 @@ class ModelSection:
     tokenizer: str = ""  # a local tokenizer dir; empty: the checkpoint's, or built from env text
     # The vocabulary of a tokenizer built from the env text (no checkpoint, no tokenizer given).
     tokenizer_vocab: int = 1024
+    # The train tasks (each level's first) whose expert episodes that tokenizer learns from; 0: all
+    # of them. A family whose words are few (ALFWorld's 3,553 games) needs a few hundred.
+    tokenizer_tasks: int = 0
     # The chat template: "checkpoint" (the checkpoint's or tokenizer's own jinja template, checked
     # when the run starts), "qwen" or "plain"; empty: "checkpoint" when model.checkpoint is set,
     # else "plain".
@@ -217,6 +220,7 @@ class ModelSection:
         if not isinstance(self.scan_layers, bool):
             raise ConfigError(f"config.model.scan_layers is {self.scan_layers!r}; expected a bool")
         _integer("config.model.logits_chunk", self.logits_chunk, 1)
+        _integer("config.model.tokenizer_tasks", self.tokenizer_tasks, 0)
         if not self.checkpoint and not self.tokenizer:
             from agentrl_jax.models.tokenizer import MIN_VOCAB_SIZE
 
