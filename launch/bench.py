@@ -9,6 +9,7 @@ r"""Benchmarks, measured side by side against a reference in the same run.
     python -m launch.bench device --out device.json   # on an accelerator (Qwen2.5 shapes, MFU)
     python -m launch.bench iteration --out iteration.json  # whole RL iterations, phase by phase
     python -m launch.bench iteration --model=qwen2.5-0.5b --out iteration.json  # accelerator
+    python -m launch.bench iteration --config=configs/alfworld_tiny.py --out iteration.json
     python -m launch.bench parity --out parity.json   # bf16 logits vs transformers, vs f32
     python -m launch.bench rollout --out rollout.json # slow envs: continuous batching vs waves
 
@@ -16,6 +17,7 @@ Each prints a table and writes JSON with, per workload, ``ours``, ``reference``,
 ``unit``. ``--quick`` shrinks every workload (used by the tests to check the plumbing).
 """
 
+import ast
 import importlib
 
 from absl import app, flags
@@ -40,6 +42,12 @@ _QUICK = flags.DEFINE_bool("quick", False, "Shrink every workload (plumbing chec
 _MODEL = flags.DEFINE_string(
     "model", None, "iteration, device: the model preset (random weights), e.g. qwen2.5-1.5b."
 )
+_CONFIG = flags.DEFINE_string(
+    "config", None, "iteration: the config file (path[:arg]) to run, default the built-in default."
+)
+_SET = flags.DEFINE_multi_string(
+    "set", [], "iteration: section.field=value (a Python literal) set on the config, repeatable."
+)
 _COMPILE_CACHE = flags.DEFINE_string(
     "compile_cache", "", "JAX's persistent compilation cache: a folder, '' (default) or 'off'."
 )
@@ -55,11 +63,28 @@ def main(argv):
         if argv[1] not in ("iteration", "device"):
             raise app.UsageError("--model is an option of the iteration and device benchmarks")
         options["model"] = _MODEL.value
+    if _CONFIG.value or _SET.value:
+        if argv[1] != "iteration":
+            raise app.UsageError("--config and --set are options of the iteration benchmark")
+        if _CONFIG.value:
+            options["config"] = _CONFIG.value
+        options["overrides"] = tuple(_setting(s) for s in _SET.value)
     report = module.run(quick=_QUICK.value, **options)
     print(report.table())
     if _OUT.value:
         report.write(_OUT.value)
         print(f"wrote {_OUT.value}")
+
+
+def _setting(text: str) -> tuple[str, object]:
+    """``--set=section.field=value`` as (path, value); the value a Python literal, else text."""
+    path, sep, value = text.partition("=")
+    if not sep or not path:
+        raise app.UsageError(f"--set={text!r}: expected section.field=value")
+    try:
+        return path, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return path, value
 
 
 if __name__ == "__main__":

@@ -2,10 +2,14 @@ r"""Whole RL iterations of a real config, end to end: where the wall time goes, 
 
     python -m launch.bench iteration --out iteration.json                       # the tiny default
     python -m launch.bench iteration --model=qwen2.5-0.5b --out iteration.json  # an accelerator
+    python -m launch.bench iteration --config=configs/alfworld_tiny.py --out iteration.json
+    python -m launch.bench iteration --config=configs/alfworld_tiny.py \
+        --set=rollout.show_admissible=True --out iteration.json   # one setting changed
 
 The run is ``launch.train``'s: ``Trainer.run`` on the built-in default's TextWorld games
 (``configs/tiny_textworld.py``: simple games, 16 tasks x 4 episodes an iteration in episode
-contexts, constrained decoding, GRPO, two epochs), its SFT budget set to 0 so that the RL
+contexts, constrained decoding, GRPO, two epochs; ``--config`` another config's, on 64 of its
+train tasks, evaluating on 16 of its first held-out level's), its SFT budget set to 0 so that the RL
 iterations start at once from the untrained policy (whose episodes, mostly failures, run to the
 turn limit: the costliest). ``ITERATIONS`` iterations, a checkpoint every second one and after the
 last, which also evaluates on the valid games.
@@ -67,6 +71,7 @@ class Spec:
     quick: bool = False
     # Config fields set last, ("rollout.max_staleness", 1) ... (another bench's variants).
     overrides: tuple[tuple[str, Any], ...] = ()
+    config: str = CONFIG  # the config file (``path[:arg]``) whose iterations are measured
 
     @property
     def iterations(self) -> int:
@@ -77,7 +82,7 @@ def bench_config(spec: Spec):
     """The run's ``RunConfig``: the default (or ``:test``) with SFT off and the model's settings."""
     from agentrl_jax.run.config import from_config_dict, load_config_file  # noqa: PLC0415
 
-    cd = load_config_file(CONFIG + (":test" if spec.quick else ""))
+    cd = load_config_file(spec.config + (":test" if spec.quick else ""))
     per_iteration = cd.rl.tasks_per_iteration * cd.rollout.group_size
     cd.budget = dict(total=spec.iterations * per_iteration, sft_fraction=0.0)
     cd.rl.task_pool = "all"  # no demonstration takes tasks away
@@ -87,7 +92,8 @@ def bench_config(spec: Spec):
     if spec.quick:  # the longest admissible command fits, at either tokenizer's vocabulary
         cd.rollout.max_new_tokens = 32
     else:
-        cd.env.update(num_train_tasks=64, eval_levels=("simple",), num_eval_tasks=16)
+        # 64 train tasks; the evaluation: the first held-out level's first 16 tasks.
+        cd.env.update(num_train_tasks=64, eval_levels=cd.env.eval_levels[:1], num_eval_tasks=16)
         cd.env.num_report_tasks = 0
     if spec.checkpoint:
         cd.model.update(checkpoint=spec.checkpoint, template="checkpoint")  # its own ChatML
@@ -206,20 +212,36 @@ def summarize(profiles: list[dict]) -> dict[str, Any]:
     }
 
 
-def run(quick: bool, model: str = "tiny") -> Report:
+def run(
+    quick: bool,
+    model: str = "tiny",
+    config: str = CONFIG,
+    overrides: tuple[tuple[str, Any], ...] = (),
+) -> Report:
+    """``config``'s iterations (``--config``; ``--quick``: the default's ``:test`` only), with
+    ``overrides`` (``--set=section.field=value``) set last."""
     if model not in MODELS:
         raise ValueError(f"--model={model!r}: expected one of {', '.join(MODELS)}")
+    if quick and config != CONFIG:
+        raise ValueError(f"--quick runs {CONFIG}:test; --config={config!r} has no quick size")
     base = tempfile.mkdtemp(prefix="agentrl_bench_iteration_")
     cache = os.path.join(base, "compile_cache")  # fresh: the first process is cold
     checkpoint = ""
     if model != "tiny" or quick:
         checkpoint = os.path.join(base, "checkpoint")
-        spec = Spec(workdir=os.path.join(base, "prepare"), cache=cache, model=model, quick=quick)
+        spec = Spec(
+            workdir=os.path.join(base, "prepare"),
+            cache=cache,
+            model=model,
+            quick=quick,
+            overrides=overrides,
+            config=config,
+        )
         cmd = [sys.executable, "-m", "agentrl_jax.benchmarks.iteration", "--prepare", checkpoint]
         subprocess.run([*cmd, "--spec", json.dumps(dataclasses.asdict(spec))], check=True)
     runs = {}
     for name in ("cold", "warm"):
-        spec = Spec(os.path.join(base, name), cache, model, checkpoint, quick)
+        spec = Spec(os.path.join(base, name), cache, model, checkpoint, quick, overrides, config)
         runs[name] = _spawn(spec, os.path.join(base, f"{name}.json"))
     cold, warm = runs["cold"], runs["warm"]
     summary = summarize(steady(warm["profiles"]))
@@ -262,6 +284,8 @@ def run(quick: bool, model: str = "tiny") -> Report:
         )
     )
     report.facts.update(
+        config=config,
+        overrides={path: value for path, value in overrides},
         backend=warm["backend"],
         device_kind=warm["device_kind"],
         jax_version=warm["jax_version"],
