@@ -83,7 +83,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         # 1024 tokens: a held-out game's first observation is ~630 tokens with a 300-token
         # vocabulary, so a shorter context would end every evaluation episode before it starts.
         # Constrained decoding as in the default; 24 tokens hold the longest admissible command
-        # at this vocabulary, so every choice can be written out.
+        # at this vocabulary, so every turn decodes at one width (a longer command would widen
+        # its turn: rollout.constrain_actions never cuts one).
         c.rollout.update(max_turns=3, max_new_tokens=24, max_seq_len=1024, group_size=2)
         c.rollout.show_admissible = False
         c.model.tokenizer_vocab = 300

@@ -110,27 +110,47 @@ def _rollout(
     return worker.run(tasks, jax.random.key(0), sampling=sampling), worker
 
 
-def test_an_admissible_command_that_does_not_fit_max_new_tokens_is_an_error(setup):
-    """Constrained decoding never cuts a command: the rollout stops naming it and its length."""
+class LongCommandPool(ScriptedPool):
+    """A pool whose only admissible command is longer than a small ``max_new_tokens``."""
+
+    def _obs_commands(self):
+        return ("take coin from chest",)
+
+
+@pytest.mark.parametrize("mode", ["episode", "step"])
+def test_constrained_decoding_writes_a_command_longer_than_max_new_tokens_whole(setup, mode):
+    """Under constrained decoding the admissible commands bound the action: a turn's budget is
+    its longest command with the stop token when ``max_new_tokens`` is shorter, never a cut."""
     tok, policy, template, sampler = setup
-    lengths = {
-        c: len(tok.encode(c, add_special_tokens=False)) + 1  # with the stop token
-        for c in ScriptedPool([1])._obs_commands()
-    }
-    longest = max(lengths, key=lengths.get)
-    n = lengths[longest]
-    fits = RolloutConfig(group_size=1, max_turns=1, max_new_tokens=n, constrain_actions=True)
-    worker = RolloutWorker(ScriptedPool([1]), sampler, tok, template, fits)
+    (command,) = LongCommandPool([1])._obs_commands()
+    n = len(tok.encode(command, add_special_tokens=False)) + 1  # with the stop token
+    assert n > 2
+    cfg = RolloutConfig(
+        group_size=1, max_turns=2, max_new_tokens=2, context_mode=mode, constrain_actions=True
+    )
+    pool = LongCommandPool([2])
+    (traj,) = RolloutWorker(pool, sampler, tok, template, cfg).run(
+        [Task("scripted", "train", "a")], jax.random.key(0)
+    )
+    assert pool.actions == [command, command]
+    assert [len(s.action_ids) for s in traj.steps] == [n, n]
+    assert traj.won and not traj.truncated
+
+
+def test_a_context_that_cannot_hold_the_longest_command_ends_the_episode_truncated(setup):
+    """The context check counts the turn's budget: a prompt that leaves room for
+    ``max_new_tokens`` but not for the whole command ends the episode, cut, not the run."""
+    tok, policy, template, sampler = setup
+    (command,) = LongCommandPool([1])._obs_commands()
+    n = len(tok.encode(command, add_special_tokens=False)) + 1
+    fits = RolloutConfig(group_size=1, max_turns=1, max_new_tokens=2, constrain_actions=True)
+    worker = RolloutWorker(LongCommandPool([1]), sampler, tok, template, fits)
     (traj,) = worker.run([Task("scripted", "train", "a")], jax.random.key(0))
-    assert traj.steps[0].action_ids
-    short = dataclasses.replace(fits, max_new_tokens=n - 1)
-    worker = RolloutWorker(ScriptedPool([1]), sampler, tok, template, short)
-    with pytest.raises(
-        ValueError,
-        match=rf"admissible command {longest!r} is {n} tokens with its stop token; "
-        rf"config.rollout.max_new_tokens={n - 1} cannot write it whole",
-    ):
-        worker.run([Task("scripted", "train", "a")], jax.random.key(0))
+    prompt = len(traj.steps[0].prompt_ids)
+    short = dataclasses.replace(fits, max_seq_len=prompt + n - 1)
+    worker = RolloutWorker(LongCommandPool([1]), sampler, tok, template, short)
+    (traj,) = worker.run([Task("scripted", "train", "a")], jax.random.key(0))
+    assert traj.truncated and not traj.steps
 
 
 def test_episode_rows_hold_exactly_what_the_model_read_and_sampled(setup):

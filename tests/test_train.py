@@ -566,6 +566,20 @@ def test_launch_compare_tells_the_same_run_from_another(reference_run, tmp_path)
     assert not saved["same"] and len(saved["scalars_differ"]) == 1 and not saved["arrays_differ"]
 
 
+@pytest.mark.slow  # ~3 min on 2 cores: 16 games generated, SFT, 4 evaluations, 7 RL iterations
+def test_the_readmes_smoke_command_runs_through_every_evaluation(compile_cache, tmp_path):
+    """``--config=configs/tiny_textworld.py:smoke`` as the README runs it, on one device. Its
+    400-id tokenizer writes a valid game's longest admissible command in 39 tokens, more than
+    ``rollout.max_new_tokens=32``: constrained decoding writes it whole, where the run used to
+    stop at its first evaluation (issue #44)."""
+    workdir = tmp_path / "smoke"
+    cmd = train_cli.train_cmd(workdir, config="configs/tiny_textworld.py:smoke")
+    log = tmp_path / "smoke.log"
+    (text,) = train_cli.finish(train_cli.start(cmd, tmp_path / "cache", log, **compile_cache))
+    assert "evaluation after_sft done" in text and "evaluation after_rl done" in text, text[-3000:]
+    assert "RL gain" in (workdir / "report.md").read_text()
+
+
 @pytest.mark.parametrize(
     "name",
     [

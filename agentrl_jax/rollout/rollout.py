@@ -19,13 +19,13 @@ Context modes:
 
 - ``episode``: one KV cache per episode kept across turns; each turn prefills only the new
   observation ids. An episode whose next turn would not fit ``max_seq_len`` (its prompt plus
-  ``max_new_tokens``) ends there, marked ``truncated``.
+  the turn's action budget, ``RolloutWorker.action_budget``) ends there, marked ``truncated``.
 - ``step``: every turn starts a fresh context: the system prompt with the episode's goal
   (encoded once at reset), then the stored ids of the last ``history_turns`` turns (observation
   and action, as they were first encoded), then the new observation; the goal is always in view,
   however old the turn that stated it. Oldest turns are dropped first until the context fits
   ``max_seq_len`` (``truncated`` is then set on the step's info as ``context_truncated``). An
-  observation that does not fit even alone with the header (and ``max_new_tokens``) ends the
+  observation that does not fit even alone with the header (and the action budget) ends the
   episode there, marked ``truncated``, as in ``episode`` mode; one at the reset leaves an
   episode of no step (counted in ``rollout/truncated``, never trained on).
 """
@@ -59,7 +59,8 @@ class RolloutConfig:
     """Attributes:
     group_size: G rollouts per task instance (they share a group id).
     max_turns: environment steps per episode at most.
-    max_new_tokens: tokens per action at most.
+    max_new_tokens: tokens per action at most; under ``constrain_actions``, a turn whose
+      longest admissible command (with its stop token) is longer may write that many instead.
     max_seq_len: tokens one context may hold (the episode in ``episode`` mode).
     context_mode: 'episode' or 'step'.
     history_turns: k, the turns kept in a step-wise context.
@@ -87,8 +88,8 @@ class RolloutConfig:
       policy masked to the tokens that continue an admissible command; the allowed ids are
       stored with the action so the learner normalises over the same set. Observations without
       admissible commands leave the turn unconstrained; an env that never lists any is a config
-      error, and an admissible command that does not fit ``max_new_tokens`` with its stop token
-      stops the rollout with an error naming it and its length (it is never cut).
+      error. The commands bound the action, so a command is never cut: a turn's decode budget
+      is ``max_new_tokens`` or its longest command with the stop token, whichever is longer.
     """
 
     group_size: int = 4
@@ -317,14 +318,14 @@ class RolloutWorker:
         play_stream(self.pool, groups, self.config.max_turns, actors, progress)
         return [_finished(ep) for group in groups for ep in group]
 
-    def _step_context(self, header, history, obs_ids, traj) -> list[int] | None:
+    def _step_context(self, header, history, obs_ids, traj, action: int) -> list[int] | None:
         """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted.
 
-        None when the header, the observation and ``max_new_tokens`` alone exceed
+        None when the header, the observation and the turn's ``action`` budget alone exceed
         ``max_seq_len``: no context holds this turn, so the episode ends there (truncated).
         """
         cfg = self.config
-        budget = cfg.max_seq_len - cfg.max_new_tokens - len(header) - len(obs_ids)
+        budget = cfg.max_seq_len - action - len(header) - len(obs_ids)
         if budget < 0:
             return None
         keep = history[-cfg.history_turns :] if cfg.history_turns else []
@@ -334,22 +335,22 @@ class RolloutWorker:
         return header + [t for turn in keep for t in turn] + obs_ids
 
     def _choices(self, obs: Observation) -> list[list[int]] | None:
-        """constrain_actions: the admissible commands as the ids the policy may write."""
+        """constrain_actions: the admissible commands as the ids the policy may write (each
+        closed with the stop token)."""
         if not self.config.constrain_actions or not obs.admissible_commands:
             return None
         stop = self.template.stop_id(self.tokenizer)
-        choices = []
-        for command in obs.admissible_commands:
-            ids = self.tokenizer.encode(command, add_special_tokens=False) + [stop]
-            if len(ids) > self.config.max_new_tokens:
-                # Never cut: a cut command is a different command (or none) to the env.
-                raise ValueError(
-                    f"admissible command {command!r} is {len(ids)} tokens with its stop token; "
-                    f"config.rollout.max_new_tokens={self.config.max_new_tokens} cannot write it "
-                    f"whole under constrained decoding: raise max_new_tokens to >= {len(ids)}"
-                )
-            choices.append(ids)
-        return choices
+        encode = self.tokenizer.encode
+        return [encode(c, add_special_tokens=False) + [stop] for c in obs.admissible_commands]
+
+    def action_budget(self, choices: list[list[int]] | None) -> int:
+        """Tokens a turn may write: ``max_new_tokens``, or the turn's longest admissible command
+        (``choices``, stop token included) when that is longer. A cut command is a different
+        command (or none) to the env, so under constrained decoding the commands bound the
+        action; the context checks count this budget, so a command that no context holds ends
+        the episode (truncated), never the run."""
+        longest = max(map(len, choices)) if choices else 0
+        return max(self.config.max_new_tokens, longest)
 
     def _expert_ids(self, info) -> list[int]:
         action = info.get("expert_action")
@@ -633,11 +634,12 @@ class _WaveActor:
 
     def _context(self, ep: Episode) -> list[int] | None:
         """The ids ``ep``'s next turn feeds the model (None: they do not fit the context)."""
-        cfg = self.config
+        cfg, w = self.config, self.worker
+        action = w.action_budget(ep.choices)
         if cfg.context_mode == "step":
-            return self.worker._step_context(ep.header, ep.history, ep.pending_ids, ep.traj)
-        ids = (self.worker.system_ids if ep.turn == 0 else []) + ep.pending_ids
-        return None if ep.used + len(ids) + cfg.max_new_tokens > cfg.max_seq_len else ids
+            return w._step_context(ep.header, ep.history, ep.pending_ids, ep.traj, action)
+        ids = (w.system_ids if ep.turn == 0 else []) + ep.pending_ids
+        return None if ep.used + len(ids) + action > cfg.max_seq_len else ids
 
     def act(self, turn: int | None, episodes: list[Episode]) -> list[str | None]:
         """One command per row of ``episodes`` (None for a row that is not live); each live
@@ -677,7 +679,7 @@ class _WaveActor:
                 out = w.sampler.step_turn(
                     self.cache,
                     feed,
-                    cfg.max_new_tokens,
+                    [w.action_budget(ep.choices) for ep in episodes],  # rows without feed: 0
                     fold_in(self.keys, turns),  # one key per episode and turn
                     sampling=self.sampling,
                     **kwargs,
