@@ -3,11 +3,12 @@ r"""ALFWorld (the real json_2.1.1 tasks) with GAGPO, step-wise contexts, groups 
 Each step's prompt is the objective plus the last 2 turns; rollouts of the same task form a group
 (and, for GiGPO / GAGPO, identical states across them form step-level groups). Evaluates on
 valid_seen (in-distribution) and valid_unseen (out-of-distribution, the number papers report).
-Data from $ALFWORLD_DATA or --config.env.kwargs.data_dir (the standard alfworld-download layout
-or the pack in ../shared/data/alfworld):
+Data from --config.env.kwargs.data_dir=DIR, or $ALFWORLD_DATA without it (the standard
+alfworld-download layout, or the pack in ../shared/data/alfworld):
 
     python -m launch.train --config=configs/alfworld_gagpo.py --workdir=runs/alfworld_gagpo \
-        --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct
+        --config.model.checkpoint=/models/Qwen2.5-1.5B-Instruct \
+        --config.env.kwargs.data_dir=../shared/data/alfworld
 
 Mesh (``launch.plan``, docs/training.md "Choosing the mesh"): the resolved default is one device;
 Qwen2.5-7B on 16 devices takes ``--config.mesh='(1,4,4)'`` on a TPU slice or ``'(2,2,4)'`` on
@@ -16,6 +17,7 @@ device); never ``(16,1,1)``, which replicates the 85 GiB float32 state on every 
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from agentrl_jax.run.defaults import base_config
 
@@ -26,7 +28,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.update(template="qwen", dtype="bfloat16", remat="full", scan_layers=True)
     c.env.update(
         name="alfworld",
-        kwargs=dict(max_steps=50, admissible_commands=True),
+        # data_dir: the data root, its json_2.1.1 folder or the pack (a str placeholder, so that
+        # --config.env.kwargs.data_dir=DIR parses); None reads $ALFWORLD_DATA.
+        kwargs=dict(max_steps=50, admissible_commands=True, data_dir=config_dict.placeholder(str)),
         train_levels=("all",),
         eval_levels=("all@valid_seen", "all@valid_unseen"),
         num_train_tasks=3553,

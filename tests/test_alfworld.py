@@ -65,6 +65,61 @@ def test_alfworld_data_env_var_is_honoured(demo, monkeypatch):
     assert alfworld_data.resolve_data_dir(root / "json_2.1.1", cache) == root
 
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
+ALFWORLD_CONFIGS = ("alfworld_gagpo", "alfworld_gigpo", "alfworld_grpo")
+
+
+def _parsed_config(name: str, *overrides: str):
+    """``configs/<name>.py`` as ``launch.train`` parses it (absl, locked), with ``overrides``."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from agentrl_jax.run.config import from_config_dict
+
+    argv = ["train", f"--config={REPO / 'configs' / name}.py", *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config", None, "", flag_values=flag_values, lock_config=True, sys_argv=argv
+    )
+    flag_values(argv)
+    return from_config_dict(flag_values.config, num_devices=1)
+
+
+@pytest.mark.parametrize("name", ALFWORLD_CONFIGS)
+def test_configs_take_the_data_dir_flag_they_document(name, tmp_path, monkeypatch):
+    """``--config.env.kwargs.data_dir=DIR`` parses and reaches the env's kwargs; left out, it
+    is None (``$ALFWORLD_DATA``)."""
+    monkeypatch.syspath_prepend(str(REPO))  # alfworld_gigpo.py imports configs.alfworld_gagpo
+    run = _parsed_config(name, f"--config.env.kwargs.data_dir={tmp_path}")
+    assert dict(run.env.kwargs)["data_dir"] == str(tmp_path)
+    assert dict(_parsed_config(name).env.kwargs)["data_dir"] is None
+
+
+def test_the_data_dir_flag_is_where_the_tasks_and_the_envs_read(demo, tmp_path, monkeypatch):
+    """With ``$ALFWORLD_DATA`` unset, the config's ``data_dir`` finds the tasks (the family's task
+    source) and the games (the env the actor pool builds from the same kwargs)."""
+    from agentrl_jax.envs import registry
+
+    root, _, _ = demo
+    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))  # the games rebuilt here
+    kwargs = dict(
+        _parsed_config("alfworld_gagpo", f"--config.env.kwargs.data_dir={root}").env.kwargs
+    )
+    tasks = registry.family("alfworld").tasks("all", "train", 10, kwargs)
+    assert sorted(t.id for t in tasks) == sorted(
+        alfworld_scenes.demo_task_id(t) for t in alfworld_data.TASK_TYPES
+    )
+    env = registry.make_env("alfworld", **kwargs)
+    try:
+        assert env.reset(tasks[0]).admissible_commands
+    finally:
+        env.close()
+    monkeypatch.setenv("ALFWORLD_DATA", str(root))  # the default, None, reads it
+    kwargs = dict(_parsed_config("alfworld_gagpo").env.kwargs)
+    assert len(registry.family("alfworld").tasks("all", "train", 10, kwargs)) == len(tasks)
+
+
 def test_pack_is_unpacked_once_into_the_cache(demo, tmp_path):
     root, _, _ = demo
     pack = tmp_path / "src" / alfworld_data.TARBALL_NAME
