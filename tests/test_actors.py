@@ -232,6 +232,44 @@ def test_clean_shutdown_without_close_leaves_no_orphans(tmp_path):
     assert not alive, f"orphan workers: {alive}"
 
 
+def test_a_pool_freed_after_its_module_is_torn_down_exits_quietly(tmp_path):
+    """At exit, modules that outlive the last collection (held by a C extension; here by the sys
+    module) have their globals set to None in reverse import order, so a pool kept by a module
+    imported before actors.py is freed after actors.py's globals are gone. Its cleanup needs
+    none of them: stderr stays empty and no worker is left."""
+    (tmp_path / "holder.py").write_text("POOLS = []\n")
+    script = tmp_path / "exits.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+            sys.path[:0] = [{str(tmp_path)!r}, {os.path.dirname(__file__)!r}]
+            import holder  # before actors.py: its globals are cleared after actors.py's
+            from agentrl_jax.envs import actors
+
+            if __name__ == "__main__":
+                pool = actors.ActorPool("chaos_env:ChaosEnv", num_workers=1, start_timeout_s=60)
+                holder.POOLS.append(pool)
+                sys.kept_alive = (holder, actors)  # both outlive the last collection
+                print("PIDS", *pool.worker_pids(), flush=True)
+            """
+        )
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo)  # this checkout's package
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "", proc.stderr
+    pids = [int(p) for p in proc.stdout.split("PIDS")[1].split()]
+    deadline = time.monotonic() + 5
+    while any(psutil.pid_exists(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"orphan workers: {alive}"
+
+
 def _run_script(path, body):
     path.write_text(textwrap.dedent(body))
     return subprocess.run(

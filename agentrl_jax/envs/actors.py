@@ -35,9 +35,11 @@ main module again in each worker. A script must build its pool under
 ``if __name__ == "__main__":``; one that builds it at import time would build another pool in
 every worker as it starts, and the pool says so when its workers die that way.
 
-Shutdown: ``close()`` (also on ``with`` exit and at interpreter exit) asks each worker to stop,
-then kills the stragglers; workers ignore SIGINT (the parent decides) and exit by themselves if
-the parent process disappears, so no orphans are left behind.
+Shutdown: ``close()`` (also on ``with`` exit, when the pool is garbage-collected and at
+interpreter exit) asks each worker to stop, then kills the stragglers; workers ignore SIGINT (the
+parent decides) and exit by themselves if the parent process disappears, so no orphans are left
+behind. The cleanup is a ``weakref.finalize`` of the workers alone, not a ``__del__``: it runs at
+most once, before the interpreter tears module globals down, and never after.
 """
 
 from __future__ import annotations
@@ -225,8 +227,15 @@ class ActorPool:
             "reset_wait_s": 0.0,
             "step_wait_s": 0.0,
         }
+        # Changed in place only: the finalizer below holds this list, never the pool.
         self._workers: list[_Worker] = []
         self._closed = False
+        # Stops the workers on close(), when the pool is collected, or at exit, before module
+        # globals are torn down (a finalizer never runs during the teardown). Registered with
+        # atexit too, so that it runs before multiprocessing's exit hook, which would terminate
+        # the (daemonic) workers without letting them close their envs.
+        self._finalizer = weakref.finalize(self, _stop_workers, self._workers)
+        atexit.register(self._finalizer)
         # Per slot: a live episode; why it was lost (reported at its next step).
         self._alive: list[bool] = [False] * self.capacity
         self._lost: list[str | None] = [None] * self.capacity
@@ -243,10 +252,6 @@ class ActorPool:
         except BaseException:
             self.close()
             raise
-        # A weak reference: the exit hook must not keep a forgotten pool alive.
-        self_ref = weakref.ref(self)
-        self._atexit = lambda: (p := self_ref()) is not None and p.close()
-        atexit.register(self._atexit)
 
     # ----------------------------------------------------------------------------- public API
 
@@ -393,14 +398,9 @@ class ActorPool:
 
     def close(self) -> None:
         """Stops every worker (asks, then kills after a grace period). Safe to call twice."""
-        if self._closed:
-            return
         self._closed = True
-        for worker in self._workers:
-            worker.stop(timeout_s=5.0)
-        self._workers = []
-        if getattr(self, "_atexit", None) is not None:
-            atexit.unregister(self._atexit)
+        self._finalizer()  # runs _stop_workers once, whoever calls first
+        atexit.unregister(self._finalizer)
 
     def worker_pids(self) -> list[int]:
         """Process ids of the live workers (for tests and monitoring)."""
@@ -411,10 +411,6 @@ class ActorPool:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def __del__(self):
-        with contextlib.suppress(Exception):  # Never raise from a finalizer.
-            self.close()
 
     # ------------------------------------------------------------------------------ internals
 
@@ -484,6 +480,13 @@ class ActorPool:
                 self.metrics["infra_failures"] += 1
             elif self._alive[slot]:
                 self._lost[slot] = f"worker {w} {why}; restarted"  # Reported on its next step.
+
+
+def _stop_workers(workers: list[_Worker]) -> None:
+    """A pool's cleanup (its ``weakref.finalize``): stops and forgets every worker of the list."""
+    for worker in workers:
+        worker.stop(timeout_s=5.0)
+    workers.clear()
 
 
 _GUARD_ADVICE = 'put the code that builds the pool under `if __name__ == "__main__":`'
