@@ -34,9 +34,10 @@ STOP = {
     "llama3_1": "<|eot_id|>",
 }
 EXACT = sorted(STOP)
-# Qwen3's template drops earlier turns' think blocks: exact for a policy that writes none, i.e.
-# under constrained decoding (actions_think=False), refused otherwise (below).
-THINK_FREE = {"qwen3"}
+# Exact for the actions constrained decoding writes (actions_think=False), refused under free
+# decoding (below): Qwen3's template drops earlier turns' think blocks, Llama 3's trims the
+# whitespace around an action, which a freely decoded one keeps in the rollout's context.
+CONSTRAINED_ONLY = {"qwen3", "llama3", "llama3_1"}
 
 # Ten turns as an agent plays them, written apart from the module's own probe conversation:
 # observations with whitespace at either end (which Llama 3's template trims), digits, unicode.
@@ -103,7 +104,7 @@ def test_pieces_concatenate_to_the_whole_conversation_over_ten_turns(tokenizers,
         tok,
         directory=str(path),
         system_prompt=SYSTEM,
-        actions_think=family not in THINK_FREE,
+        actions_think=family not in CONSTRAINED_ONLY,
     )
     assert template.name == "checkpoint" and template.source == str(path / "chat_template.jinja")
     # The stop token is the template's, as the tokenizer knows it: one id, the checkpoint's EOS.
@@ -120,8 +121,9 @@ def test_pieces_concatenate_to_the_whole_conversation_over_ten_turns(tokenizers,
     assert ids == _whole_ids(tok, _conversation(OBSERVATIONS, ACTIONS))
     # The stop token closes the system piece, every user turn and every action.
     assert ids.count(stop_id) == 1 + len(OBSERVATIONS) + len(ACTIONS)
-    # Llama 3 trims message content; the pieces strip the system prompt and observations alike.
-    assert template.strip_content == family.startswith("llama")
+    # Llama 3 trims message content; the pieces strip the system prompt, observations and
+    # actions alike.
+    assert template.strip_content == template.strip_actions == family.startswith("llama")
 
 
 def test_qwen2_5_pieces_are_the_builtin_qwen_layout(tokenizers):
@@ -190,7 +192,7 @@ def test_a_rollout_feeds_exactly_the_templates_conversation(tokenizers, family):
         tok,
         directory=str(path),
         system_prompt=cfg.system_prompt,
-        actions_think=family not in THINK_FREE,
+        actions_think=family not in CONSTRAINED_ONLY,
     )
     worker = RolloutWorker(ScriptedPool(), None, tok, template, cfg)
     [traj] = worker.run([Task("scripted", "train", "0")], jax.random.key(0), expert=True)
@@ -205,6 +207,95 @@ def test_a_rollout_feeds_exactly_the_templates_conversation(tokenizers, family):
         [res] = pool.step([ACTIONS[k]])
         seen.append(render_observation(res.observation, first=False, show_admissible=True))
     assert fed == _whole_ids(tok, _conversation(seen, ACTIONS))
+
+
+class PaddedActionsPool(ScriptedPool):
+    """The expert's commands (the admissible ones too) with whitespace at either end."""
+
+    def _obs(self, i):
+        obs = super()._obs(i)
+        commands = tuple(f" {c}\n" for c in obs.admissible_commands)
+        return dataclasses.replace(obs, admissible_commands=commands)
+
+    def _info(self, i):
+        info = super()._info(i)
+        return {**info, "expert_action": f" {info['expert_action']}\n"}
+
+
+@pytest.mark.parametrize("family", ["llama3", "llama3_1"])
+def test_llama3_trims_actions_so_free_decoding_is_refused(tokenizers, family):
+    """Llama 3's template trims assistant content too: a freely decoded "go north\n" would stay
+    whole in the rollout's context (its ids as sampled) but render trimmed, so free decoding is
+    refused; constrained decoding feeds every command stripped, as the template renders it."""
+    tok, path = tokenizers[family]
+    source = cc.read_chat_template(path)
+    template = cc.derive_template(tok, source)
+    assert template.strip_content and template.strip_actions
+    # What free decoding would feed for an action that ends in a newline, and what it renders as.
+    stop_id = template.stop_id(tok)
+    fed = template.system_ids(tok, SYSTEM) + template.turn_ids(tok, "look", first=True)
+    fed += tok.encode("go north\n", add_special_tokens=False) + [stop_id]
+    fed += template.turn_ids(tok, "ok", first=False)
+    assert fed != _whole_ids(tok, _conversation(["look", "ok"], ["go north\n"]))
+    with pytest.raises(cc.ChatTemplateError) as e:
+        get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
+    message = str(e.value)
+    assert (
+        f"chat template {source.origin} strips the whitespace around assistant content" in message
+    )
+    assert "free decoding" in message
+    assert "constrained decoding (config.rollout.constrain_actions=True)" in message
+    # Constrained (and expert) actions are fed stripped: a 10-turn expert episode whose commands
+    # carry whitespace is apply_chat_template's conversation of those commands.
+    template = get_template(
+        "checkpoint", tok, directory=str(path), system_prompt=SYSTEM, actions_think=False
+    )
+    cfg = RolloutConfig(
+        group_size=1, max_turns=12, max_new_tokens=16, max_seq_len=4096, constrain_actions=True
+    )
+    worker = RolloutWorker(PaddedActionsPool(), None, tok, template, cfg)
+    [traj] = worker.run([Task("scripted", "train", "0")], jax.random.key(0), expert=True)
+    assert traj.won and len(traj.steps) == ScriptedPool.STEPS
+    fed = [i for step in traj.steps for i in step.prompt_ids + step.action_ids]
+    fed += traj.final_obs_ids
+    pool = PaddedActionsPool()
+    [first] = pool.reset([None])
+    seen = [render_observation(first.observation, first=True, show_admissible=True)]
+    for k in range(ScriptedPool.STEPS):
+        [res] = pool.step([ACTIONS[k]])
+        seen.append(render_observation(res.observation, first=False, show_admissible=True))
+    assert fed == _whole_ids(tok, _conversation(seen, [f" {a}\n" for a in ACTIONS]))
+    assert worker._choices(first.observation) == [
+        tok.encode(c.strip(), add_special_tokens=False) + [stop_id]
+        for c in first.observation.admissible_commands
+    ]
+
+
+def _trimming(roles: str) -> str:
+    """A ChatML template that trims the content of the messages whose role is in ``roles``."""
+    return (
+        "{%- for m in messages %}{%- set c = m.content | trim if m.role in '" + roles + "' "
+        "else m.content %}{{- '<|im_start|>' + m.role + '\\n' + c + '<|im_end|>\\n' }}"
+        "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    )
+
+
+def test_whitespace_is_probed_in_assistant_turns_apart_from_the_others(tmp_path):
+    """A template that trims observations but keeps actions verbatim takes free decoding; one
+    that trims actions only is exact for constrained decoding alone."""
+    tok = ct.make_tokenizer_dir("qwen2_5", tmp_path / "prompts", template=_trimming("system user"))
+    template = get_template(
+        "checkpoint", tok, directory=str(tmp_path / "prompts"), system_prompt=SYSTEM
+    )
+    assert template.strip_content and not template.strip_actions
+    tok = ct.make_tokenizer_dir("qwen2_5", tmp_path / "actions", template=_trimming("assistant"))
+    directory = str(tmp_path / "actions")
+    with pytest.raises(cc.ChatTemplateError, match="strips the whitespace around assistant"):
+        get_template("checkpoint", tok, directory=directory, system_prompt=SYSTEM)
+    template = get_template(
+        "checkpoint", tok, directory=directory, system_prompt=SYSTEM, actions_think=False
+    )
+    assert template.strip_actions and not template.strip_content
 
 
 def test_qwen3_is_refused_where_it_drops_earlier_think_blocks(tokenizers):
@@ -253,8 +344,10 @@ def test_a_newline_run_split_by_the_pre_tokenizer_is_refused_at_the_token_level(
     """Llama 3's generation prompt ends in "\\n\\n"; GPT-2's split keeps it whole when it is
     encoded alone, and splits it before the action's first word in the whole text."""
     tok, path = tokenizers["llama3_gpt2_split"]
-    with pytest.raises(cc.ChatTemplateError) as e:
-        get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
+    with pytest.raises(cc.ChatTemplateError) as e:  # constrained: Llama 3 trims actions
+        get_template(
+            "checkpoint", tok, directory=str(path), system_prompt=SYSTEM, actions_think=False
+        )
     message = str(e.value)
     assert "the text is prefix-stable but the token ids are not" in message
     assert "'ĊĊ'" in message and "'Ċ', 'Ċ'" in message and "(in user turn 1, at" in message
@@ -408,17 +501,25 @@ def test_the_tiny_default_config_keeps_the_plain_template():
         assert get_template(config.model.template) is TEMPLATES["plain"]
 
 
-def test_a_run_takes_qwen3_under_constrained_decoding_only(tokenizers):
-    """The run's template (``build.chat_template``): Qwen3's is checked on the actions the run's
-    decoding can write, so constrained decoding takes it and free decoding refuses it."""
+@pytest.mark.parametrize(
+    ("family", "refused"),
+    [
+        ("qwen3", "is not prefix-stable"),
+        ("llama3", "strips the whitespace around assistant content"),
+    ],
+)
+def test_a_run_takes_qwen3_and_llama3_under_constrained_decoding_only(tokenizers, family, refused):
+    """The run's template (``build.chat_template``) is checked on the actions the run's decoding
+    can write, so constrained decoding takes Qwen3's and Llama 3's and free decoding refuses
+    them."""
     from agentrl_jax.run import build
 
-    tok, path = tokenizers["qwen3"]
+    tok, path = tokenizers[family]
     cd = tiny_textworld.get_config()
     cd.model.tokenizer, cd.model.template = str(path), "checkpoint"
     assert cd.rollout.constrain_actions
     template = build.chat_template(from_config_dict(cd), tok)
-    assert template.name == "checkpoint" and template.stop_token == "<|im_end|>"
+    assert template.name == "checkpoint" and template.stop_token == STOP[family]
     cd.rollout.constrain_actions = False
-    with pytest.raises(cc.ChatTemplateError, match="is not prefix-stable"):
+    with pytest.raises(cc.ChatTemplateError, match=refused):
         build.chat_template(from_config_dict(cd), tok)

@@ -72,9 +72,10 @@ def get_template(
       directory: the checkpoint or tokenizer directory whose chat template to read
         (``"checkpoint"`` only).
       system_prompt: the run's system prompt, used in the check (``"checkpoint"`` only).
-      actions_think: the policy's actions may hold think blocks (free decoding); False for
-        constrained decoding, whose actions are admissible commands (``"checkpoint"`` only:
-        a template that drops earlier think blocks, Qwen3's, is then exact).
+      actions_think: free decoding: the policy's actions may hold think blocks and whitespace
+        at either end; False for constrained decoding, whose actions are admissible commands
+        (``"checkpoint"`` only: a template that drops earlier think blocks, Qwen3's, or trims
+        actions, Llama 3's, is then exact; under free decoding it is refused).
 
     Raises:
       ValueError: an unknown name; ``"checkpoint"`` without a tokenizer or directory; a

@@ -37,6 +37,10 @@ where the two differ. Refused:
   the first user message);
 - one that changes message content other than by stripping its surrounding whitespace (Llama 3's
   ``| trim`` is handled: the system prompt and observations are stripped before they are fed);
+- under free decoding, one that strips the whitespace around assistant content (Llama 3's, again):
+  a freely decoded action keeps its whitespace in the rollout's context, its ids as sampled, but
+  the template renders it trimmed. Constrained decoding feeds every admissible command (and an
+  expert's) stripped, as the template renders it, so there such a template is exact;
 - pieces whose token ids differ from the whole conversation's at a boundary, e.g. a generation
   prompt ending in a space that the whole text's encoding merges into the action's first word.
 """
@@ -172,12 +176,13 @@ def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
 
     Returns:
       A ``ChatTemplate`` named ``"checkpoint"`` whose stop token is the token that closes the
-      template's assistant turn (``<|im_end|>`` for Qwen, ``<|eot_id|>`` for Llama 3).
+      template's assistant turn (``<|im_end|>`` for Qwen, ``<|eot_id|>`` for Llama 3), and
+      whose ``strip_content`` / ``strip_actions`` say whether it trims the prompts / actions.
 
     Raises:
       ChatTemplateError: the template cannot be cut into those pieces (module docstring).
     """
-    strip = _strips_content(tokenizer, source)
+    strip, strip_actions = _strips_content(tokenizer, source)
     system = {"role": "system", "content": _SYSTEM}
     user1, user2 = _user(_USER1), _user(_USER2)
     a = _render(tokenizer, source, [system], generation_prompt=False)
@@ -223,6 +228,7 @@ def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
         action_suffix=later_prefix[: len(later_prefix) - len(user_prefix)],
         stop_token=stop,
         strip_content=strip,
+        strip_actions=strip_actions,
         source=source.origin,
     )
 
@@ -320,8 +326,9 @@ def checkpoint_template(
 ) -> ChatTemplate:
     """The chat template of a checkpoint directory, cut into pieces and checked (run start).
 
-    ``actions_think``: the policy may write think blocks (free decoding), so the check's actions
-    include one; False (constrained decoding: only admissible commands) checks ``PLAIN_ACTIONS``.
+    ``actions_think``: free decoding, the policy may write think blocks and whitespace around an
+    action, so the check's actions include a think block and a template that trims actions is
+    refused; False (constrained decoding: only admissible commands) checks ``PLAIN_ACTIONS``.
 
     Raises:
       FileNotFoundError: no such directory.
@@ -329,6 +336,17 @@ def checkpoint_template(
     """
     source = read_chat_template(directory)
     template = derive_template(tokenizer, source)
+    if actions_think and template.strip_actions:
+        raise ChatTemplateError(
+            f"chat template {source.origin} strips the whitespace around assistant content "
+            "(Llama 3's | trim): under free decoding an action the policy writes with whitespace "
+            'at either end ("go north\\n") stays in the rollout\'s context as sampled but is '
+            "rendered trimmed, so the context is not the template's conversation. Use "
+            "constrained decoding (config.rollout.constrain_actions=True), which feeds the "
+            "admissible commands stripped as the template renders them, or a template that "
+            "keeps assistant content verbatim: config.model.template='qwen' or 'plain', or a "
+            "chat_template.jinja of your own beside the checkpoint's tokenizer"
+        )
     actions = ACTIONS if actions_think else PLAIN_ACTIONS
     check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt, actions=actions)
     return template
@@ -365,17 +383,21 @@ def _render(tokenizer, source: TemplateSource, messages, generation_prompt: bool
         ) from e
 
 
-def _strips_content(tokenizer, source: TemplateSource) -> bool:
-    """Whether the template strips message content (Llama 3's ``| trim``) or keeps it verbatim.
+def _strips_content(tokenizer, source: TemplateSource) -> tuple[bool, bool]:
+    """Whether the template strips the content of the prompts (system and user) and of the
+    assistant's turns (Llama 3's ``| trim``, every role), or keeps it verbatim.
 
     Raises:
-      ChatTemplateError: it does something else, or strips one role's content but not another's.
+      ChatTemplateError: it does something else to a role's content, or strips system content
+        but not user content (or the other way round).
     """
     padded = _PAD + "{}" + _PAD
     system = {"role": "system", "content": _SYSTEM}
     cases = {
         "system": (lambda c: [{"role": "system", "content": c}], _SYSTEM),
         "user": (lambda c: [system, _user(c)], _USER1),
+        # The assistant turn closed by a next user turn, as a rollout's context holds it.
+        "assistant": (lambda c: [system, _user(_USER1), _assistant(c), _user(_USER2)], _ACTION1),
     }
     strips = {}
     for role, (conversation, word) in cases.items():
@@ -397,7 +419,7 @@ def _strips_content(tokenizer, source: TemplateSource) -> bool:
             f"{'system' if strips['system'] else 'user'} content but not around "
             f"{'user' if strips['system'] else 'system'} content; expected both or neither"
         )
-    return strips["user"]
+    return strips["user"], strips["assistant"]
 
 
 def _split_once(source: TemplateSource, text: str, word: str, what: str) -> tuple[str, str]:

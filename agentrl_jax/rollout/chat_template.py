@@ -33,6 +33,9 @@ class ChatTemplate:
       stop_token: the token that ends an action (the sampler's stop; one id).
       strip_content: the system prompt and observations are stripped of surrounding whitespace
         first, as a template that ``trim``s message content (Llama 3's) renders them.
+      strip_actions: the template trims assistant content too (Llama 3's): the rollout feeds
+        admissible and expert commands stripped (``action_text``); free decoding, whose actions
+        keep their whitespace as sampled, refuses such a template (``chat_checkpoint``).
       source: where the template came from (a checkpoint's file), for messages.
     """
 
@@ -44,6 +47,7 @@ class ChatTemplate:
     action_suffix: str
     stop_token: str = IM_END
     strip_content: bool = False
+    strip_actions: bool = False
     source: str = ""
 
     def system_text(self, system: str) -> str:
@@ -61,6 +65,10 @@ class ChatTemplate:
     def turn_ids(self, tokenizer: TokenizerLike, observation: str, *, first: bool) -> list[int]:
         """Ids fed before an action: the previous action's closing text (unless first), the obs."""
         return _encode(tokenizer, self.turn_text(observation, first=first))
+
+    def action_text(self, action: str) -> str:
+        """A command as the template renders an assistant turn of it (before the stop token)."""
+        return action.strip() if self.strip_actions else action
 
     def stop_id(self, tokenizer: TokenizerLike) -> int:
         return tokenizer.convert_tokens_to_ids(self.stop_token)

@@ -340,8 +340,8 @@ class RolloutWorker:
         if not self.config.constrain_actions or not obs.admissible_commands:
             return None
         stop = self.template.stop_id(self.tokenizer)
-        encode = self.tokenizer.encode
-        return [encode(c, add_special_tokens=False) + [stop] for c in obs.admissible_commands]
+        encode, text = self.tokenizer.encode, self.template.action_text
+        return [encode(text(c), add_special_tokens=False) + [stop] for c in obs.admissible_commands]
 
     def action_budget(self, choices: list[list[int]] | None) -> int:
         """Tokens a turn may write: ``max_new_tokens``, or the turn's longest admissible command
@@ -360,7 +360,7 @@ class RolloutWorker:
                 "need an env with an expert (TextWorld, ALFWorld)"
             )
         # Never cut: a cut command would be a different command to the env (and a lost demo).
-        ids = self.tokenizer.encode(action, add_special_tokens=False)
+        ids = self.tokenizer.encode(self.template.action_text(action), add_special_tokens=False)
         return ids + [self.template.stop_id(self.tokenizer)]
 
 

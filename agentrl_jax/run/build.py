@@ -398,7 +398,8 @@ def chat_template(config: RunConfig, tok) -> ChatTemplate:
         tok,
         directory=config.model.tokenizer or config.model.checkpoint,
         system_prompt=config.rollout.system_prompt,
-        # Constrained decoding writes admissible commands only: never a think block.
+        # Constrained decoding writes admissible commands only: never a think block, never
+        # whitespace around an action.
         actions_think=not config.rollout.constrain_actions,
     )
     logging.info(
