@@ -261,6 +261,37 @@ def test_merge(scan):
     np.testing.assert_array_equal(np.asarray(_forward(model, tokens, mask)), np.asarray(ours))
 
 
+def test_bf16_pass_and_merged_copy_apply_one_scale():
+    """At bf16 compute the adapters' pass scales by alpha / rank in f32, as ``merge`` (the
+    sampler's copy) and PEFT do: not by the scale rounded to bf16 (16/48 -> 0.333984375, 2^-9
+    more). Layer 0's MLP with an adapter on ``down`` alone and its base weight zero is the
+    adapter term alone; the least-squares factor between the LoRA pass's output and the merged
+    copy's is 1 within what bf16 rounding leaves over 4 x 32 x 64 outputs (A and B hold
+    bf16-exact values: measured |factor - 1| <= 8e-5 over 6 seeds; the bf16 scale gives 2^-9,
+    8 times the bound)."""
+    cfg = TEST_CONFIG.replace(
+        dtype=jnp.bfloat16, lora=LoraConfig(rank=48, alpha=16.0, targets="down")
+    )
+    model = random_model(Qwen2ForCausalLM, cfg, seed=12)
+    rng = np.random.RandomState(12)
+    state = lora.adapters(model)
+    for _, var in nnx.to_flat_state(state):
+        value = jnp.asarray(rng.normal(0, 0.1, var.get_value().shape), jnp.bfloat16)
+        var.set_value(value.astype(jnp.float32))
+    lora.with_adapters(model, state)
+    for layer in model.trunk.layers:
+        down = layer.mlp.down_weight_fd
+        down.set_value(jnp.zeros_like(down.get_value()))
+    x = jnp.asarray(rng.normal(0, 1, (4, 32, cfg.hidden_size)), jnp.bfloat16)
+    merged = lora.merge(model, jnp.bfloat16)
+    got = np.asarray(model.trunk.layers[0].mlp(x), np.float64)
+    want = np.asarray(merged.trunk.layers[0].mlp(x), np.float64)
+    factor = float((got * want).sum() / (want * want).sum())
+    assert abs(factor - 1.0) <= 2.0**-12, factor
+    # Each output within a few bf16 roundings (2^-8 relative) of the merged copy's.
+    assert np.abs(got - want).max() <= 2.0**-7 * np.abs(want).max()
+
+
 def test_dropout_only_with_a_key():
     """Dropout acts only when the forward pass is given a key (the learner's), never in a
     cached pass; its masks differ by key, and the same key gives the same masks."""

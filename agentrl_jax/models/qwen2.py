@@ -140,8 +140,12 @@ def _lora_delta(module: nnx.Module, cfg: ModelConfig, name: str, x, key, index: 
     if key is not None and lora.dropout > 0:
         keep = jax.random.bernoulli(jax.random.fold_in(key, index), 1.0 - lora.dropout, x.shape)
         x = jnp.where(keep, x / (1.0 - lora.dropout), 0).astype(x.dtype)
-    h = jnp.einsum(slot.a_spec, x, getattr(module, slot.a)[...].astype(dt))
-    h = constrain(h * jnp.asarray(lora.scale, dt), ("batch", "seq", "lora_rank"))
+    # x A summed in f32 and scaled there, rounded to ``dt`` once: the f32 scale the merged copy
+    # (``lora.merge``) and PEFT apply, not alpha / rank rounded to bf16 (16/48 -> 0.333984375).
+    h = jnp.einsum(
+        slot.a_spec, x, getattr(module, slot.a)[...].astype(dt), preferred_element_type=jnp.float32
+    )
+    h = constrain((h * jnp.float32(lora.scale)).astype(dt), ("batch", "seq", "lora_rank"))
     return jnp.einsum(slot.b_spec, h, getattr(module, slot.b)[...].astype(dt))
 
 
