@@ -337,6 +337,7 @@ def test_lora_section_is_validated_naming_the_field():
     assert from_config_dict(cd).model.lora.base_dtype == "bfloat16"
     cd.model.lora.base_dtype = "float32"
     cd.model.lora.dropout = 0.1
+    cd.rl.loss = "pg"  # dropout and PPO's ratio do not go together (the next test)
     assert from_config_dict(cd).model.lora.base_dtype == "float32"
     assert from_config_dict(cd).model.lora.lora_config().dropout == 0.1
     for key, value, match in [
@@ -352,6 +353,27 @@ def test_lora_section_is_validated_naming_the_field():
         cd.model.lora[key] = value
         with pytest.raises(ConfigError, match=match):
             from_config_dict(cd)
+
+
+def test_lora_dropout_is_refused_with_the_ppo_ratio():
+    """LoRA dropout acts in the RL steps' forward passes while the old log-probs are scored
+    without it, so PPO's ratio would be pi_dropout / pi, not 1, on-policy: refused, naming the
+    fields. A loss without a ratio (``pg``), no dropout, or no LoRA are accepted."""
+    cd = base_config()
+    cd.model.lora.rank = 4
+    cd.model.lora.dropout = 0.1
+    with pytest.raises(
+        ConfigError,
+        match=r"config.model.lora.dropout=0.1 with config.rl.loss='ppo': .* PPO ratio",
+    ):
+        from_config_dict(cd)
+    cd.rl.loss = "pg"
+    assert from_config_dict(cd).model.lora.lora_config().dropout == 0.1
+    cd.rl.loss = "ppo"
+    cd.model.lora.dropout = 0.0
+    assert from_config_dict(cd).model.lora.rank == 4
+    cd.model.lora.rank, cd.model.lora.dropout = 0, 0.1  # LoRA off: the dropout applies to nothing
+    assert from_config_dict(cd).model.lora.lora_config() is None
 
 
 def test_step_latency_is_checked_naming_the_field():

@@ -368,11 +368,12 @@ def _max_diff(a, b):
 
 
 # LoRA for the RL phase (rank 4, dropout, the base in bf16): the adapters, their dropout masks and
-# the PEFT export across two processes.
+# the PEFT export across two processes. Dropout takes a loss without PPO's ratio (run/config.py).
 LORA = (
     "--config.model.lora.rank=4",
     "--config.model.lora.dropout=0.1",
     "--config.model.lora.base_dtype=bfloat16",
+    "--config.rl.loss=pg",
 )
 
 

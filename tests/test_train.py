@@ -167,11 +167,13 @@ def compile_cache(tmp_path_factory):
 
 
 # The module's LoRA run: the same run with rank-4 adapters on every projection for RL (after the
-# same full SFT), dropout on their inputs, the frozen base in bf16 under f32 compute, and a KL
-# term, whose reference is then the base without the adapters.
+# same full SFT), dropout on their inputs (with the ratio-free policy gradient: PPO's ratio and
+# dropout are refused together, run/config.py), the frozen base in bf16 under f32 compute, and a
+# KL term, whose reference is then the base without the adapters.
 LORA_FLAGS = (
     "--config.model.lora.rank=4",
     "--config.model.lora.dropout=0.1",
+    "--config.rl.loss=pg",
     "--config.model.lora.base_dtype=bfloat16",
     "--config.rl.kl_coef=0.05",
 )

@@ -114,7 +114,8 @@ class LoraSection:
     rank: int = 0  # the adapters' inner width; 0 turns LoRA off
     alpha: float = 8.0  # the scale's numerator: adapters add x A B * alpha / rank
     # PEFT's lora_dropout: each RL step's forward pass drops an adapter's input entries with
-    # this probability (masks from the run's seed and the step; scoring and sampling never drop)
+    # this probability (masks from the run's seed and the step; scoring and sampling never drop,
+    # so it is refused with rl.loss='ppo', whose ratio it would bias)
     dropout: float = 0.0
     targets: str = "all"  # some of q,k,v,o,gate,up,down (comma-separated), or "all"
     # The frozen base's storage dtype (the adapters stay float32); empty: model.dtype, the
@@ -574,6 +575,14 @@ class RunConfig:
             raise ConfigError(
                 f"config.rl.algo={rl.algo!r} compares rollouts within a group; it needs "
                 f"config.rollout.group_size >= 2 (got {rollout.group_size})"
+            )
+        lora = self.model.lora
+        if lora.rank > 0 and lora.dropout > 0 and rl.loss == "ppo":
+            raise ConfigError(
+                f"config.model.lora.dropout={lora.dropout} with config.rl.loss='ppo': the RL "
+                "steps drop adapter inputs but the old log-probs are scored without dropout, so "
+                "the PPO ratio would be pi_dropout / pi, not 1, on-policy; expected "
+                "config.model.lora.dropout=0, or a loss without a ratio (config.rl.loss='pg')"
             )
         episodes = rl.tasks_per_iteration * rollout.group_size
         if rl.minibatch_size > episodes:
