@@ -21,8 +21,6 @@ parameters' own, and a LoRA run's merged weights in the adapters' f32). docs/mod
 "Serve the result", has the serving commands.
 """
 
-import os
-
 from absl import app, flags, logging
 
 from agentrl_jax.run import logs, paths
@@ -73,7 +71,6 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
     module docstring); returns the paths written ({"checkpoint": ...} or {"base": ...,
     "adapter": ...})."""
     from agentrl_jax.models import hf_checkpoint, peft
-    from agentrl_jax.models import lora as lora_lib
     from agentrl_jax.run.build import DTYPES
 
     if what == "adapter" and config.model.lora.rank == 0:
@@ -99,11 +96,8 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
             f"export: {workdir}'s newest checkpoint {restored.step} is of the SFT phase, before "
             "the adapters exist; use --what=merged"
         )
-    base_dir, adapter_dir = os.path.join(out, "base"), os.path.join(out, "adapter")
-    base = lora_lib.base_model(model)
-    hf_checkpoint.save_hf_checkpoint(base, base_dir, dtype=storage, tokenizer=tok)
-    peft.save_peft_adapter(model, adapter_dir, base_model_name_or_path=os.path.abspath(base_dir))
-    return {"base": base_dir, "adapter": adapter_dir}
+    base_dir, adapter_dir = peft.save_base_and_adapter(model, out, dtype=storage, tokenizer=tok)
+    return {"base": str(base_dir), "adapter": str(adapter_dir)}
 
 
 def main(argv):

@@ -268,7 +268,45 @@ def test_lora_run_trains_the_adapters_only_and_exports_them(lora_run, reference_
     assert (config["peft_type"], config["r"], config["lora_alpha"]) == ("LORA", 4, 8.0)
     assert len(config["target_modules"]) == 7
     assert (workdir / "adapter" / "adapter_model.safetensors").is_file()
-    assert not (ref_dir / "adapter").exists()
+    assert not (ref_dir / "adapter").exists() and not (ref_dir / "base").exists()
+
+
+def _workdir_config(workdir):
+    """The RunConfig of a run's ``config.json``."""
+    cd = ml_collections.ConfigDict(json.loads((workdir / "config.json").read_text()))
+    return from_config_dict(cd)
+
+
+def _policy_logits(workdir, text):
+    """``(ids, logits)``: the run's tokenizer's ids of ``text`` and the newest checkpoint's
+    policy's logits of them (f32), as ``launch.export`` restores it."""
+    import numpy as np
+
+    from launch import export as export_lib
+
+    policy, tok, _ = export_lib.restore_policy(_workdir_config(workdir), str(workdir))
+    ids = tok(text)["input_ids"]
+    return ids, np.asarray(policy(jax.numpy.asarray([ids], jax.numpy.int32))[0])
+
+
+def test_lora_run_adapter_names_the_sft_policy_it_was_trained_on(lora_run):
+    """The adapter a LoRA run ends with (WORKDIR/adapter) names WORKDIR/base, written beside it
+    as a Hugging Face checkpoint with the tokenizer: the policy RL started from (the SFT policy),
+    not ``model.checkpoint`` (here none: a fresh preset). ``AutoPeftModelForCausalLM`` of the
+    adapter alone gives the newest checkpoint's logits within 1e-5 (f32)."""
+    import numpy as np
+    import torch
+    from peft import AutoPeftModelForCausalLM
+
+    workdir, _ = lora_run
+    adapter = json.loads((workdir / "adapter" / "adapter_config.json").read_text())
+    assert adapter["base_model_name_or_path"] == str(workdir / "base")
+    assert (workdir / "base" / "tokenizer.json").is_file()
+    ids, want = _policy_logits(workdir, "-= Kitchen =- You see a fridge. > open fridge")
+    model = AutoPeftModelForCausalLM.from_pretrained(workdir / "adapter", dtype=torch.float32)
+    with torch.no_grad():
+        got = model.eval()(torch.tensor([ids])).logits.float().numpy()
+    assert np.abs(got - want).max() < 1e-5
 
 
 def test_async_run_trains_each_iteration_on_a_rollout_one_update_old(async_run, reference_run):

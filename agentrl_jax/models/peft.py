@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pathlib
 import re
 from typing import Any, TypeVar
@@ -34,7 +35,12 @@ from safetensors.numpy import save_file
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.hf_checkpoint import CheckpointError, TensorMap, read_json
+from agentrl_jax.models.hf_checkpoint import (
+    CheckpointError,
+    TensorMap,
+    read_json,
+    save_hf_checkpoint,
+)
 from agentrl_jax.models.qwen2 import LoraSlot, lora_slots
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -59,7 +65,14 @@ _KEY = re.compile(
 
 M = TypeVar("M", bound=nnx.Module)
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_FILE", "load_peft_adapter", "peft_key", "save_peft_adapter"]
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_FILE",
+    "load_peft_adapter",
+    "peft_key",
+    "save_base_and_adapter",
+    "save_peft_adapter",
+]
 
 
 def peft_key(layer: int, target: str, which: str) -> str:
@@ -176,6 +189,43 @@ def save_peft_adapter(
         (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(directory / ADAPTER_FILE), metadata={"format": "pt"})
     return directory
+
+
+def save_base_and_adapter(
+    model: nnx.Module,
+    out: str | pathlib.Path,
+    *,
+    dtype: Any = None,
+    tokenizer: Any = None,
+) -> tuple[pathlib.Path, pathlib.Path]:
+    """Writes a LoRA policy as the base it was trained on and its adapter: ``out/base``, the
+    frozen base (``lora.base_model``) as a Hugging Face checkpoint with ``tokenizer``, and
+    ``out/adapter``, the adapters in PEFT's format, whose ``base_model_name_or_path`` is
+    ``out/base`` (absolute). So ``AutoPeftModelForCausalLM.from_pretrained(out/adapter)`` (or
+    ``PeftModel.from_pretrained`` on ``out/base``) computes what ``model`` does; the adapter
+    never names a base it was not trained on. ``launch.export --what=adapter`` and the end of a
+    LoRA run (``Trainer.export_adapter``) write it.
+
+    Args:
+      model: a LoRA policy (``cfg.lora`` set).
+      out: created if needed.
+      dtype: the base's storage dtype (default: its own, the run's base dtype).
+      tokenizer: saved beside the base (``save_pretrained``), for serving.
+
+    Returns:
+      ``(out/base, out/adapter)``.
+
+    Raises:
+      ValueError: the model has no adapters.
+    """
+    if model.cfg.lora is None:
+        raise ValueError("save_base_and_adapter: the model has no LoRA adapters (cfg.lora is None)")
+    out = pathlib.Path(out)
+    base_dir, adapter_dir = out / "base", out / "adapter"
+    base = lora_lib.base_model(model)
+    save_hf_checkpoint(base, base_dir, dtype=dtype, tokenizer=tokenizer)
+    save_peft_adapter(model, adapter_dir, base_model_name_or_path=os.path.abspath(base_dir))
+    return base_dir, adapter_dir
 
 
 # Fields of adapter_config.json that would change what the adapter computes, and the values

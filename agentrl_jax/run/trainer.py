@@ -337,20 +337,18 @@ class Trainer:
 
     def export_adapter(self) -> str:
         """With LoRA: the trained adapters in PEFT's format, ``WORKDIR/adapter``
-        (``adapter_config.json``, ``adapter_model.safetensors``; ``models/peft.py``), for
-        ``peft.PeftModel.from_pretrained`` on the base. The base is the policy as RL started
-        (the SFT policy; the checkpoint's weights when SFT had no steps), so the adapter applies
-        to ``model.checkpoint`` itself only when SFT did not change it. Returns the directory."""
+        (``adapter_config.json``, ``adapter_model.safetensors``), and beside them
+        ``WORKDIR/base``, the base they were trained on (the policy as RL started: the SFT
+        policy, not ``model.checkpoint``) as a Hugging Face checkpoint with the tokenizer, which
+        the adapter names as its base (``peft.save_base_and_adapter``, as ``launch.export
+        --what=adapter`` writes them). Returns the adapter's directory."""
         from agentrl_jax.models import peft
 
-        out = os.path.join(self.workdir, "adapter")
-        peft.save_peft_adapter(
-            self.learner.policy_module(self.state),
-            out,
-            base_model_name_or_path=self.config.model.checkpoint or None,
+        base, out = peft.save_base_and_adapter(
+            self.learner.policy_module(self.state), self.workdir, tokenizer=self.tokenizer
         )
-        logging.info("LoRA adapter (PEFT format): %s", out)
-        return out
+        logging.info("LoRA adapter (PEFT format): %s, on its base %s", out, base)
+        return str(out)
 
     def num_rl_iterations(self) -> int:
         """RL iterations the budget's RL episodes pay for."""
