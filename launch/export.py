@@ -16,9 +16,10 @@ SFT policy, in the run's base dtype) as a Hugging Face checkpoint with the token
 ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(OUT/base), OUT/adapter)``, or
 vLLM's ``--enable-lora --lora-modules agent=OUT/adapter`` over ``OUT/base``.
 
-``--dtype``: the weights' storage dtype in the files (``float32`` or ``bfloat16``; default: the
-parameters' own, and a LoRA run's merged weights in the adapters' f32). docs/models.md,
-"Serve the result", has the serving commands.
+``--dtype``: the weights' storage dtype in the files (``float32`` or ``bfloat16``), the merged
+model's, or the base's and the adapter's tensors alike; default: the parameters' own (a LoRA
+run's merged weights and adapters in their f32, its base in the run's base dtype).
+docs/models.md, "Serve the result", has the serving commands.
 """
 
 from absl import app, flags, logging

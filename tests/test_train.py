@@ -309,6 +309,24 @@ def test_lora_run_adapter_names_the_sft_policy_it_was_trained_on(lora_run):
     assert np.abs(got - want).max() < 1e-5
 
 
+def test_export_dtype_applies_to_the_adapter_too(lora_run, tmp_path):
+    """``launch.export --what=adapter --dtype=D`` stores the adapter's tensors in D as well as
+    the base's: bf16 for both (the run's adapters are f32, its base bf16), and f32 for both."""
+    from safetensors import safe_open
+
+    from launch import export as export_lib
+
+    workdir, _ = lora_run
+    config = _workdir_config(workdir)
+    for dtype, stored in (("bfloat16", "BF16"), ("float32", "F32")):
+        out = tmp_path / dtype
+        export_lib.export(config, str(workdir), str(out), "adapter", dtype)
+        for file in ("base/model.safetensors", "adapter/adapter_model.safetensors"):
+            with safe_open(str(out / file), "pt") as f:
+                dtypes = {f.get_slice(key).get_dtype() for key in f.keys()}  # noqa: SIM118
+            assert dtypes == {stored}, (dtype, file, dtypes)
+
+
 def test_async_run_trains_each_iteration_on_a_rollout_one_update_old(async_run, reference_run):
     """``rollout.max_staleness=1``: iteration 1 trains on a rollout of the policy as RL began
     (staleness 0: the first rollout is played before any update), iterations 2 and 3 on ones

@@ -209,7 +209,8 @@ def save_base_and_adapter(
     Args:
       model: a LoRA policy (``cfg.lora`` set).
       out: created if needed.
-      dtype: the base's storage dtype (default: its own, the run's base dtype).
+      dtype: the storage dtype of the base's and the adapters' tensors alike (default: each
+        their own: the run's base dtype, the adapters' f32).
       tokenizer: saved beside the base (``save_pretrained``), for serving.
 
     Returns:
@@ -224,7 +225,9 @@ def save_base_and_adapter(
     base_dir, adapter_dir = out / "base", out / "adapter"
     base = lora_lib.base_model(model)
     save_hf_checkpoint(base, base_dir, dtype=dtype, tokenizer=tokenizer)
-    save_peft_adapter(model, adapter_dir, base_model_name_or_path=os.path.abspath(base_dir))
+    save_peft_adapter(
+        model, adapter_dir, base_model_name_or_path=os.path.abspath(base_dir), dtype=dtype
+    )
     return base_dir, adapter_dir
 
 
