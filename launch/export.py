@@ -4,10 +4,11 @@ r"""Exports a trained run's policy for serving, in the formats transformers, PEF
     python -m launch.export --workdir=runs/lora --out=runs/lora/peft --what=adapter
 
 ``--what=merged`` (the default): the policy of the run's newest checkpoint as a plain Hugging
-Face ``Qwen2ForCausalLM`` checkpoint in ``--out`` (``config.json``, safetensors), with the run's
-tokenizer and its chat template beside it. A LoRA run's adapters are merged into the base first
-(``W + A B alpha / r``, summed in f32). ``AutoModelForCausalLM.from_pretrained(OUT)`` and
-``vllm serve OUT`` load it.
+Face ``Qwen2ForCausalLM`` checkpoint in ``--out`` (``config.json``, ``generation_config.json``,
+safetensors), with the run's tokenizer and its chat template beside it. Both configs name the
+chat template's stop token as ``eos_token_id``, so ``generate`` stops where the rollouts did.
+A LoRA run's adapters are merged into the base first (``W + A B alpha / r``, summed in f32).
+``AutoModelForCausalLM.from_pretrained(OUT)`` and ``vllm serve OUT`` load it.
 
 ``--what=adapter`` (LoRA runs): ``OUT/base``, the frozen base the adapters were trained on (the
 SFT policy, in the run's base dtype) as a Hugging Face checkpoint with the tokenizer, and
@@ -72,7 +73,7 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
     module docstring); returns the paths written ({"checkpoint": ...} or {"base": ...,
     "adapter": ...})."""
     from agentrl_jax.models import hf_checkpoint, peft
-    from agentrl_jax.run.build import DTYPES
+    from agentrl_jax.run import build
 
     if what == "adapter" and config.model.lora.rank == 0:
         cli.fail(
@@ -86,18 +87,24 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
         restored.meta.run.phase,
         restored.meta.run.rl_iteration,
     )
-    storage = None if dtype is None else DTYPES[dtype]
+    storage = None if dtype is None else build.DTYPES[dtype]
+    # Serving stops where the rollouts stopped: at the chat template's stop token.
+    stop = build.chat_template(config, tok).stop_id(tok)
     if what == "merged":
         if storage is None and model.cfg.lora is not None:
             storage = model.cfg.lora.param_dtype  # the merge's f32 sums, not the base's dtype
-        written = hf_checkpoint.save_hf_checkpoint(model, out, dtype=storage, tokenizer=tok)
+        written = hf_checkpoint.save_hf_checkpoint(
+            model, out, dtype=storage, tokenizer=tok, eos_token_id=stop
+        )
         return {"checkpoint": str(written)}
     if model.cfg.lora is None:  # a LoRA run stopped during SFT: no adapters yet
         cli.fail(
             f"export: {workdir}'s newest checkpoint {restored.step} is of the SFT phase, before "
             "the adapters exist; use --what=merged"
         )
-    base_dir, adapter_dir = peft.save_base_and_adapter(model, out, dtype=storage, tokenizer=tok)
+    base_dir, adapter_dir = peft.save_base_and_adapter(
+        model, out, dtype=storage, tokenizer=tok, eos_token_id=stop
+    )
     return {"base": str(base_dir), "adapter": str(adapter_dir)}
 
 

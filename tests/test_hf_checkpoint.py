@@ -86,6 +86,31 @@ def test_saved_checkpoint_loads_in_transformers(hf_ckpt, batch, tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_saved_eos_is_where_generate_stops(hf_ckpt, tmp_path):
+    """``eos_token_id``: written to config.json and generation_config.json, so transformers'
+    ``generate`` stops there with no argument; without it neither file names one (a stale
+    generation_config.json is removed)."""
+    import torch
+    import transformers
+
+    model = hc.load_hf_model(hf_ckpt)
+    prompt = torch.tensor([[5, 9, 11]])
+    out = hc.save_hf_checkpoint(model, tmp_path / "saved")
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    free = hf_model.generate(prompt, max_new_tokens=8, do_sample=False)[0, 3:].tolist()
+    assert len(free) == 8 and hf_model.generation_config.eos_token_id is None
+    stop = free[2]  # greedy text's third token: generate must stop on its first occurrence
+    hc.save_hf_checkpoint(model, out, eos_token_id=stop)
+    assert json.loads((out / "config.json").read_text())["eos_token_id"] == stop
+    assert transformers.GenerationConfig.from_pretrained(out).eos_token_id == stop
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    got = hf_model.generate(prompt, max_new_tokens=8, do_sample=False)[0, 3:].tolist()
+    assert got == free[: free.index(stop) + 1]
+    hc.save_hf_checkpoint(model, out)
+    assert "eos_token_id" not in json.loads((out / "config.json").read_text())
+    assert not (out / hc.GENERATION_CONFIG_FILE).exists()
+
+
 def test_sharded_index_round_trip(hf_ckpt, batch, tmp_path):
     tokens, mask = batch
     model = hc.load_hf_model(hf_ckpt)

@@ -327,6 +327,53 @@ def test_export_dtype_applies_to_the_adapter_too(lora_run, tmp_path):
             assert dtypes == {stored}, (dtype, file, dtypes)
 
 
+def test_export_writes_the_template_stop_as_eos(lora_run, tmp_path):
+    """``launch.export`` (the merged model, and the adapter's base) and the LoRA run's own
+    WORKDIR/base write the chat template's stop token (``<|im_end|>``, where the rollouts stop)
+    as the model's ``eos_token_id``, in config.json and generation_config.json: transformers'
+    ``generate``, given no eos, stops where the policy writes it."""
+    import torch
+    import transformers
+
+    from agentrl_jax.run import build
+    from launch import export as export_lib
+
+    workdir, _ = lora_run
+    config = _workdir_config(workdir)
+    export_lib.export(config, str(workdir), str(tmp_path / "merged"), "merged")
+    export_lib.export(config, str(workdir), str(tmp_path / "peft"), "adapter")
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "merged")
+    stop = build.chat_template(config, tok).stop_id(tok)
+    assert stop == tok.convert_tokens_to_ids("<|im_end|>")
+    for directory in (tmp_path / "merged", tmp_path / "peft" / "base", workdir / "base"):
+        hf_config = json.loads((directory / "config.json").read_text())
+        assert hf_config["eos_token_id"] == stop, directory
+        assert transformers.GenerationConfig.from_pretrained(directory).eos_token_id == stop
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "merged", dtype=torch.float32
+    )
+    ids = tok("-= Kitchen =- You see a fridge.\n>")["input_ids"]
+
+    class WritesStopAfterThree(transformers.LogitsProcessor):
+        """The policy writes three tokens of its own, then the stop token (the tiny policy's
+        greedy text does not end by itself within a few tokens)."""
+
+        def __call__(self, input_ids, scores):
+            if input_ids.shape[1] == len(ids) + 3:
+                scores = torch.full_like(scores, -float("inf"))
+                scores[:, stop] = 0.0
+            return scores
+
+    out = model.generate(
+        torch.tensor([ids]),
+        max_new_tokens=16,
+        do_sample=False,
+        logits_processor=[WritesStopAfterThree()],
+    )
+    new = out[0, len(ids) :].tolist()
+    assert len(new) == 4 and new[-1] == stop, new
+
+
 def test_async_run_trains_each_iteration_on_a_rollout_one_update_old(async_run, reference_run):
     """``rollout.max_staleness=1``: iteration 1 trains on a rollout of the policy as RL began
     (staleness 0: the first rollout is played before any update), iterations 2 and 3 on ones

@@ -10,7 +10,8 @@ contiguous row blocks and the transpose into our layout runs on the devices.
 
 Saving writes ``config.json`` and ``model.safetensors`` (or numbered shards plus
 ``model.safetensors.index.json``) in Hugging Face's names and layouts, so transformers and vLLM can
-load a trained policy directly.
+load a trained policy directly; given the run's stop token, also ``generation_config.json``, so
+their generation stops where the rollouts stopped.
 
 Public API::
 
@@ -47,6 +48,8 @@ from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2ValueModel, stacked_
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# transformers' ``generate`` defaults (here: where it stops), read beside config.json.
+GENERATION_CONFIG_FILE = "generation_config.json"
 SUPPORTED_MODEL_TYPES = ("qwen2",)
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
 
@@ -176,8 +179,12 @@ def config_from_hf(
     return ModelConfig(**fields)
 
 
-def config_to_hf(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str, Any]:
-    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as Qwen2ForCausalLM."""
+def config_to_hf(
+    cfg: ModelConfig, *, torch_dtype: str = "float32", eos_token_id: int | None = None
+) -> dict[str, Any]:
+    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as Qwen2ForCausalLM;
+    with ``eos_token_id``, the token that ends a generation."""
+    eos = {} if eos_token_id is None else {"eos_token_id": int(eos_token_id)}
     return {
         "architectures": list(SUPPORTED_ARCHITECTURES),
         "model_type": "qwen2",
@@ -203,6 +210,7 @@ def config_to_hf(cfg: ModelConfig, *, torch_dtype: str = "float32") -> dict[str,
         # transformers >= 5 writes "dtype"; older readers (and vLLM) look for "torch_dtype".
         "dtype": torch_dtype,
         "torch_dtype": torch_dtype,
+        **eos,
     }
 
 
@@ -674,6 +682,7 @@ def save_hf_checkpoint(
     dtype=None,
     max_shard_bytes: int = 4 * 2**30,
     tokenizer: Any = None,
+    eos_token_id: int | None = None,
 ) -> pathlib.Path:
     """Writes ``model`` as a Hugging Face Qwen2ForCausalLM checkpoint.
 
@@ -689,6 +698,10 @@ def save_hf_checkpoint(
       max_shard_bytes: above this, tensors are split into ``model-0000i-of-0000n.safetensors``
         with a ``model.safetensors.index.json``.
       tokenizer: optional; its ``save_pretrained(out_dir)`` is called, for serving.
+      eos_token_id: the token that ends a generation (a run's chat template's stop token, where
+        its rollouts stop), written as ``eos_token_id`` in config.json and in
+        ``generation_config.json``, which transformers' ``generate`` and vLLM read as their
+        default stop. None writes neither (and removes a stale generation_config.json).
 
     Returns:
       The output directory.
@@ -719,9 +732,13 @@ def save_hf_checkpoint(
     )
     if writer:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / CONFIG_FILE).write_text(
-            json.dumps(config_to_hf(cfg, torch_dtype=_dtype_name(dtype)), indent=2) + "\n"
-        )
+        hf_config = config_to_hf(cfg, torch_dtype=_dtype_name(dtype), eos_token_id=eos_token_id)
+        (out_dir / CONFIG_FILE).write_text(json.dumps(hf_config, indent=2) + "\n")
+        generation = out_dir / GENERATION_CONFIG_FILE
+        if eos_token_id is None:
+            generation.unlink(missing_ok=True)
+        else:
+            generation.write_text(json.dumps({"eos_token_id": int(eos_token_id)}, indent=2) + "\n")
     weight_map, total = {}, 0
     for name, entries in zip(names, plan, strict=True):
         tensors = {}

@@ -197,6 +197,7 @@ def save_base_and_adapter(
     *,
     dtype: Any = None,
     tokenizer: Any = None,
+    eos_token_id: int | None = None,
 ) -> tuple[pathlib.Path, pathlib.Path]:
     """Writes a LoRA policy as the base it was trained on and its adapter: ``out/base``, the
     frozen base (``lora.base_model``) as a Hugging Face checkpoint with ``tokenizer``, and
@@ -212,6 +213,7 @@ def save_base_and_adapter(
       dtype: the storage dtype of the base's and the adapters' tensors alike (default: each
         their own: the run's base dtype, the adapters' f32).
       tokenizer: saved beside the base (``save_pretrained``), for serving.
+      eos_token_id: the base's stop token for ``generate`` (``save_hf_checkpoint``).
 
     Returns:
       ``(out/base, out/adapter)``.
@@ -224,7 +226,7 @@ def save_base_and_adapter(
     out = pathlib.Path(out)
     base_dir, adapter_dir = out / "base", out / "adapter"
     base = lora_lib.base_model(model)
-    save_hf_checkpoint(base, base_dir, dtype=dtype, tokenizer=tokenizer)
+    save_hf_checkpoint(base, base_dir, dtype=dtype, tokenizer=tokenizer, eos_token_id=eos_token_id)
     save_peft_adapter(
         model, adapter_dir, base_model_name_or_path=os.path.abspath(base_dir), dtype=dtype
     )

@@ -345,7 +345,10 @@ class Trainer:
         from agentrl_jax.models import peft
 
         base, out = peft.save_base_and_adapter(
-            self.learner.policy_module(self.state), self.workdir, tokenizer=self.tokenizer
+            self.learner.policy_module(self.state),
+            self.workdir,
+            tokenizer=self.tokenizer,
+            eos_token_id=self.template.stop_id(self.tokenizer),
         )
         logging.info("LoRA adapter (PEFT format): %s, on its base %s", out, base)
         return str(out)
