@@ -20,7 +20,9 @@ its envs' steps concurrently with ``concurrent_envs=True`` (``env.concurrent_ste
 on a thread of its own: a slow step (a test suite, a remote env, ``env.kwargs.step_latency_s``)
 then holds up only its own episode, and engines that release the GIL (TextWorld's, subprocesses)
 run side by side. An env's own ops never overlap: the pool sends an episode's next op only after
-its answer. Resets always run one at a time (loading a TextWorld game is not thread-safe).
+its answer. Resets always run one at a time (loading a TextWorld game is not thread-safe), on the
+worker's loop thread, beside other envs' steps: an engine that keeps per-process state guards it
+itself (ALFWorld's takes a per-process lock, ``alfworld_engine.ENGINE_LOCK``).
 
 Faults: a worker that dies (segfault, ``os._exit``, OOM kill), or that has not answered an op
 within ``step_timeout_s`` (``reset_timeout_s`` for a reset) of sending it, is killed and

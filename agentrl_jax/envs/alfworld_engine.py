@@ -6,7 +6,7 @@
 grammar; ``AlfredDemangler`` names objects "mug 1" instead of "Mug_bar__minus_02_dot_05..."; the
 expert proposes the next command (``state["extra.expert_plan"]``).
 
-Two things this module adds around the engine, both for robustness in long-running workers:
+Three things this module adds around the engine, all for robustness in long-running workers:
 - ``SafeExpert``: alfworld's handcoded expert raises when it gives up (after 200 of its own steps,
   or when it runs out of subgoals, e.g. after the agent wandered off); here that ends the expert's
   advice for the episode (no expert action) instead of crashing the step. Its tie-breaking
@@ -14,12 +14,23 @@ Two things this module adds around the engine, both for robustness in long-runni
   reproducible, and the process-global ``random`` state is left as it was.
 - ``guarded``: fast-downward's translator overwrites ``sys.argv`` and may ``sys.exit`` on a bad
   problem; ``guarded`` restores ``sys.argv`` and turns any failure into ``EngineError``.
+- ``ENGINE_LOCK``: the engine is not thread-safe across envs of one process. Its grammar and PDDL
+  parsers are module-level tatsu parsers that keep their parse state on the parser object (two
+  threads parsing at once corrupt each other: ``IndexError: pop from empty list``); the expert's
+  seeded draws swap the process-global ``random`` state (so do ``alfworld_games``' goal draws);
+  the translator sets ``sys.argv``, ``sys.stdout`` and its module-level options. ``guarded`` runs
+  every engine call under this per-process lock, and ``ALFWorldEnv.reset`` holds it for all of a
+  reset, so envs stepped on threads of their own (the actor pool's ``concurrent_envs``) take
+  turns inside the engine. The engine is Python holding the GIL, so the threads could hardly
+  overlap inside it anyway; the price is that a step may wait for another env's reset (a new
+  game's first load: seconds).
 """
 
 from __future__ import annotations
 
 import random
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -34,6 +45,8 @@ from textworld.envs import PddlEnv
 
 T = TypeVar("T")
 EXPERT_TYPES = (AlfredExpertType.HANDCODED, AlfredExpertType.PLANNER)
+# Held by every engine call (``guarded``) and by all of ``ALFWorldEnv.reset``: see the docstring.
+ENGINE_LOCK = threading.RLock()
 
 
 class EngineError(RuntimeError):
@@ -95,14 +108,16 @@ def make_engine(expert: str | None = AlfredExpertType.HANDCODED) -> textworld.co
 
 
 def guarded(what: str, fn: Callable[[], T]) -> T:
-    """Runs ``fn()`` with ``sys.argv`` restored afterwards; any failure becomes ``EngineError``."""
-    argv = list(sys.argv)
-    try:
-        return fn()
-    except (Exception, SystemExit) as e:  # The translator calls sys.exit() on some bad input.
-        raise EngineError(f"{what}: {type(e).__name__}: {e}") from e
-    finally:
-        sys.argv[:] = argv
+    """Runs ``fn()`` under ``ENGINE_LOCK`` with ``sys.argv`` restored afterwards; any failure
+    becomes ``EngineError``."""
+    with ENGINE_LOCK:
+        argv = list(sys.argv)
+        try:
+            return fn()
+        except (Exception, SystemExit) as e:  # The translator calls sys.exit() on some bad input.
+            raise EngineError(f"{what}: {type(e).__name__}: {e}") from e
+        finally:
+            sys.argv[:] = argv
 
 
 def fact_strings(state: Any) -> list[str]:

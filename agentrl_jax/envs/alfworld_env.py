@@ -131,6 +131,22 @@ class ALFWorldEnv(Env):
 
         task = self._as_task(task)
         self._done = True  # Until this reset succeeds, stepping is refused.
+        # All of it under the engine's per-process lock: the goal draw in build_game, install()
+        # and the engine itself touch process-wide state (alfworld_engine's docstring).
+        with alfworld_engine.ENGINE_LOCK:
+            state = self._reset_engine(task)
+        intro = _BANNER.sub("", state.feedback).strip()
+        text, _, objective = intro.partition(_TASK_MARK)
+        self._task, self._objective = task, objective.strip()
+        self._steps, self._done = 0, False
+        obs = self._observation(state, text=text.strip(), feedback="")
+        self._last = (obs, self._info(state, invalid=False, note=""))
+        return obs
+
+    def _reset_engine(self, task: Task) -> Any:
+        """Builds (or finds) the task's game, loads it unless loaded, and resets the engine."""
+        from agentrl_jax.envs import alfworld_engine
+
         game_file = alfworld_games.build_game(
             self.root,
             task.split,
@@ -153,14 +169,7 @@ class ALFWorldEnv(Env):
             self._loaded = game_file
         if self.expert is not None:
             self._engine.seed = stable_key("alfworld-expert", task.split, task.id) & 0xFFFF_FFFF
-        state = alfworld_engine.guarded(f"resetting ALFWorld task {task.name}", self._engine.reset)
-        intro = _BANNER.sub("", state.feedback).strip()
-        text, _, objective = intro.partition(_TASK_MARK)
-        self._task, self._objective = task, objective.strip()
-        self._steps, self._done = 0, False
-        obs = self._observation(state, text=text.strip(), feedback="")
-        self._last = (obs, self._info(state, invalid=False, note=""))
-        return obs
+        return alfworld_engine.guarded(f"resetting ALFWorld task {task.name}", self._engine.reset)
 
     def step(self, action: Any) -> tuple[Observation, float, bool, dict[str, Any]]:
         """Applies one command; any text (empty, huge, garbled) gets an answer, never an error.
@@ -195,7 +204,10 @@ class ALFWorldEnv(Env):
     def close(self) -> None:
         """Frees the engine (safe to call twice)."""
         if self._engine is not None:
-            self._engine.close()
+            from agentrl_jax.envs import alfworld_engine
+
+            with alfworld_engine.ENGINE_LOCK:
+                self._engine.close()
         self._engine, self._loaded, self._last, self._done = None, None, None, True
 
     def _as_task(self, task: Task | str) -> Task:

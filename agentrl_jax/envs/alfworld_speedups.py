@@ -17,7 +17,10 @@ reads the task it returns). Parsed grammar symbols and queries are handed out as
 because the engine mutates them; the translated task is shared read-only. Caches are bounded (the
 translations of the 16 most recent problems). The textgen patches are confined to that module's
 own names; the translation patch replaces ``fast_downward.pddl2sas``, which only TextWorld's PDDL
-state calls. ``install`` is idempotent and ``uninstall()`` restores the originals.
+state calls. ``install`` is idempotent and ``uninstall()`` restores the originals. The caches are
+the process's, shared by its envs; the memoized functions call TextWorld's parsers and the
+translator, which are not reentrant, so they run only under ``alfworld_engine.ENGINE_LOCK`` (every
+engine call and ``install`` do).
 
 The first load of a game still translates its problem twice (1-4 s on a CPU core: nearly all of
 a new game's reset). ``install(translations=folder)`` also keeps every translation on disk
