@@ -2,8 +2,9 @@ r"""ALFWorld on a CPU: a small policy trained from scratch, SFT on the expert, t
 
     python -m launch.train --config=configs/alfworld_tiny.py --workdir=runs/alfworld_tiny
 
-The data: ``$ALFWORLD_DATA`` (the standard ``alfworld-download`` layout, or the project's pack in
-``../shared/data/alfworld``, which the first run unpacks into the cache). Greedy evaluation on
+The data: ``--config.env.kwargs.data_dir=DIR``, else ``$ALFWORLD_DATA`` (the standard
+``alfworld-download`` layout, or the project's pack in ``../shared/data/alfworld``, which the
+first run unpacks into the cache). Greedy evaluation on
 valid_seen (140 tasks, rooms seen in training: the split that tunes) and valid_unseen (134, new
 rooms: the split that reports), per task type (``docs/environments_alfworld.md``).
 
@@ -21,6 +22,7 @@ measures it; docs/performance.md):
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from agentrl_jax.run.config import base_config
 
@@ -30,7 +32,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.model.update(tokenizer_vocab=1024, tokenizer_tasks=200)
     c.env.update(
         name="alfworld",
-        kwargs=dict(max_steps=50, admissible_commands=True),
+        # data_dir: the data root, its json_2.1.1 folder or the pack; None reads $ALFWORLD_DATA.
+        kwargs=dict(max_steps=50, admissible_commands=True, data_dir=config_dict.placeholder(str)),
         train_levels=("all",),
         eval_levels=("all@valid_seen", "all@valid_unseen"),
         num_train_tasks=3553,
