@@ -55,36 +55,57 @@ class CompileCounter:
 class CountingPool:
     """An in-process stand-in for ActorPool: an episode of task i lasts i % 3 + 1 steps and pays
     0.5 per step, whatever the policy does (its expert says "look"); holds ``capacity``
-    episodes at once and counts the episodes it was given (``played``)."""
+    episodes at once and counts the episodes it was given (``played``). Waves play through
+    ``reset``/``step``, continuous batching through the slot-wise ``submit``/``poll`` (each
+    answer ready at once)."""
 
     def __init__(self, capacity: int = 2):
         self.capacity = capacity
         self.played = 0
+        self.tasks: dict[int, Task] = {}  # slot -> its episode's task
+        self.t: dict[int, int] = {}  # slot -> steps its episode took
+        self.answers: dict[int, StepResult] = {}  # submitted, not yet polled
 
     def reset(self, tasks):
         if not 0 < len(tasks) <= self.capacity:
             raise ValueError(f"{len(tasks)} episodes for a pool of {self.capacity}")
-        self.tasks, self.t = list(tasks), [0] * len(tasks)
-        self.played += len(tasks)
-        return [StepResult(self._obs(), info=self._info(0)) for _ in tasks]
+        self.tasks, self.t = {}, {}
+        return [self._reset(slot, task) for slot, task in enumerate(tasks)]
+
+    def step(self, actions):
+        return [None if a is None else self._step(slot) for slot, a in enumerate(actions)]
+
+    def submit(self, kind, items):
+        for slot in items:
+            if not 0 <= slot < self.capacity:
+                raise ValueError(f"slot {slot} is outside the pool (0..{self.capacity - 1})")
+        for slot, item in items.items():
+            self.answers[slot] = self._reset(slot, item) if kind == "reset" else self._step(slot)
+
+    def poll(self, timeout=None):
+        out, self.answers = self.answers, {}
+        return out
+
+    @property
+    def in_flight(self):
+        return len(self.answers)
+
+    def _reset(self, slot, task):
+        self.tasks[slot], self.t[slot] = task, 0
+        self.played += 1
+        return StepResult(self._obs(), info=self._info(0))
+
+    def _step(self, slot):
+        self.t[slot] += 1
+        done = self.t[slot] >= int(self.tasks[slot].id) % 3 + 1
+        info = {"won": done, **self._info(self.t[slot])}
+        return StepResult(self._obs(), reward=0.5, done=done, info=info)
 
     def _obs(self):
         return Observation(objective="win", text="a room", admissible_commands=("look",))
 
     def _info(self, t):
         return {"state_key": t, "expert_action": "look"}
-
-    def step(self, actions):
-        out = []
-        for i, action in enumerate(actions):
-            if action is None:
-                out.append(None)
-                continue
-            self.t[i] += 1
-            done = self.t[i] >= int(self.tasks[i].id) % 3 + 1
-            info = {"won": done, **self._info(self.t[i])}
-            out.append(StepResult(self._obs(), reward=0.5, done=done, info=info))
-        return out
 
 
 def tiny_sampler(texts, tokenizer_dir):

@@ -1,5 +1,6 @@
 """Multi-host: which tasks and rows each process owns, and 2 processes x 4 devices == 1 x 8."""
 
+import dataclasses
 import os
 import socket
 import sys
@@ -179,7 +180,7 @@ def test_each_process_plays_its_waves_as_the_whole_list_would(worker_parts):
     for p in range(2):
         process = multihost.ProcessInfo(index=p, count=2)
         sharded = multihost.ShardedRolloutWorker(*worker_parts, process=process)
-        assert sharded.capacity == 4
+        assert sharded.capacity == 2  # this process's pool (its slots)
         parts += sharded.run(tasks, rng)
     assert _played(parts) == _played(whole)
 
@@ -208,6 +209,27 @@ def test_an_episode_plays_the_same_in_any_wave_and_on_any_process(worker_parts):
             assert mine, (count, p)  # every process of 2 or 4 plays some of the 5 tasks
             parts += mine
         assert _played(parts) == _played(whole), count
+
+
+def test_continuous_batching_streams_a_process_share_through_its_own_pool(worker_parts):
+    """``rollout.batching='continuous'`` on each of 2 processes with pools of 4: a process's 3
+    or 2 tasks (6 or 4 episodes) stream through its own pool's 4 slots, 2 cohorts of 2 rows,
+    never the 8 slots of both pools (slot 4 would be outside its pool), and play the episodes
+    of one process's waves."""
+    _, *rest, config = worker_parts
+    stream = dataclasses.replace(config, batching="continuous", cohorts=2)
+    tasks = [Task("scripted", "train", str(i)) for i in range(5)]
+    rng = jax.random.key(5)
+    whole = RolloutWorker(multihost_worker.CountingPool(4), *rest, config).run(tasks, rng)
+    assert len({tuple(map(tuple, p[2])) for p in _played(whole)}) > 2  # not vacuous
+    parts = []
+    for p in range(2):
+        pool = multihost_worker.CountingPool(4)
+        process = multihost.ProcessInfo(index=p, count=2)
+        sharded = multihost.ShardedRolloutWorker(pool, *rest, stream, process=process)
+        parts += sharded.run(tasks, rng)  # one process: the gather returns only its own
+        assert pool.played == (6, 4)[p]
+    assert _played(parts) == _played(whole)
 
 
 # ---------------------------------------------------------------- small multi-process checks
@@ -377,14 +399,29 @@ LORA = (
 )
 
 
+# Continuous batching: each process streams its 4 tasks of an RL iteration (8 episodes) through
+# its own pool of 4 slots, 2 cohorts of 2 rows (8 tasks per iteration, so that a share outgrows
+# a cohort; the budget then pays the same 4 demonstrations and 2 iterations of 16 episodes).
+CONTINUOUS = (
+    "--config.rollout.batching=continuous",
+    "--config.rollout.cohorts=2",
+    "--config.env.envs_per_worker=4",
+    "--config.rl.tasks_per_iteration=8",
+    "--config.budget.total=80",
+    "--config.budget.sft_fraction=0.5",
+)
+VARIANTS = {"full": (), "lora": LORA, "continuous": CONTINUOUS}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_two_processes_of_four_devices_train_like_one_process_of_eight(
-    textworld_games, tmp_path, lora
+    textworld_games, tmp_path, variant
 ):
     cache = textworld_games["root"]
     one, two = tmp_path / "one", tmp_path / "two"
-    overrides = OVERRIDES + (LORA if lora else ())
+    overrides = OVERRIDES + VARIANTS[variant]
+    lora = variant == "lora"
     train_cli.finish(
         train_cli.start(
             train_cli.train_cmd(one, *overrides), cache, tmp_path / "one.log", devices=8
@@ -438,7 +475,8 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(
     ):
         want, have = np.array(ref[tag]), np.array(got[tag])
         assert want.shape == have.shape and np.abs(want - have).max() <= TOL, (tag, want, have)
-    assert ref["rollout/episodes"] == [(1, 8.0), (2, 8.0)]
+    episodes = 16.0 if variant == "continuous" else 8.0
+    assert ref["rollout/episodes"] == [(1, episodes), (2, episodes)]
     events = [n for n in os.listdir(two / "tensorboard") if "tfevents" in n]
     assert len(events) == 1, events
     # Only process 0 reports.

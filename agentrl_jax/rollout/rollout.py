@@ -182,7 +182,8 @@ class RolloutWorker:
 
     @property
     def capacity(self) -> int | None:
-        """Episodes the actor pool plays at once (None: a pool without a limit)."""
+        """Episodes the actor pool plays at once: this process's own pool, whose slots its
+        waves and continuous batching use (None: a pool without a limit)."""
         return getattr(self.pool, "capacity", None)
 
     def wave_size(self, num_tasks: int, group_size: int) -> int:

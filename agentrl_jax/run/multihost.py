@@ -317,17 +317,14 @@ class ShardedRolloutWorker(RolloutWorker):
     The result is the single-process ``run``'s: the same episodes in the same (task-major)
     order, the same group ids, each episode keyed by its task's global position
     (``rollout.episode_keys``), so it plays the same whichever process and wave hold it.
+    ``capacity`` is this process's pool, as in a RolloutWorker: the slots its waves and its
+    continuous batching's cohorts use (``rollout.batching='continuous'`` streams the share
+    through them).
     """
 
     def __init__(self, *args, process: ProcessInfo | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.process = process or ProcessInfo.current()
-
-    @property
-    def capacity(self) -> int | None:
-        """Episodes all processes' actor pools play at once."""
-        local = getattr(self.pool, "capacity", None)
-        return None if local is None else local * self.process.count
 
     def waves(self, num_tasks: int, per_wave: int) -> list[slice]:
         """This process's waves of the list (``plan_waves``): its share, cut to fit its pool."""
