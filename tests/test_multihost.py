@@ -4,6 +4,7 @@ import dataclasses
 import os
 import socket
 import sys
+import threading
 
 import jax
 import multihost_worker
@@ -13,6 +14,7 @@ import train_cli
 
 from agentrl_jax import sharding
 from agentrl_jax.envs.base import Task
+from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.rollout import RolloutWorker
 from agentrl_jax.run import multihost
 from agentrl_jax.run.tensorboard import read_scalars
@@ -232,6 +234,60 @@ def test_continuous_batching_streams_a_process_share_through_its_own_pool(worker
     assert _played(parts) == _played(whole)
 
 
+class _GatherSpy(multihost.ShardedRolloutWorker):
+    """A process's worker that records the thread of every gather (a cross-process collective)."""
+
+    threads: list[str]
+
+    def gather(self, played):
+        self.threads.append(threading.current_thread().name)
+        return super().gather(played)
+
+
+def test_async_rl_gathers_the_rollout_played_ahead_on_the_main_thread(worker_parts):
+    """``rollout.max_staleness=1`` on process 0 of 2: the background thread plays the process's
+    share only; its episodes are gathered on the main thread once the update is done, so no
+    collective ever runs beside the update's (whose order must be the same on every host).
+    Each update trains on the gathered episodes of its own iteration."""
+    from agentrl_jax.run.config import from_config_dict
+    from agentrl_jax.run.trainer import Trainer
+
+    pool, sampler, tok, template, config = worker_parts
+    worker = _GatherSpy(pool, sampler, tok, template, config, process=multihost.ProcessInfo(0, 2))
+    worker.threads = []
+    run_config = from_config_dict(
+        train_cli.tiny_config("test", rollout=dict(max_staleness=1)), num_devices=1
+    )
+    weights = sampler.state  # borrowed by every rollout (set_state), released after it
+    trainer = Trainer.__new__(Trainer)  # only what async_iteration reads
+    trainer.config, trainer.worker, trainer.sampler = run_config, worker, sampler
+    trainer.curriculum = Curriculum(run_config.curriculum)
+    trainer.pending = {}
+    trainer.__dict__["rl_tasks"] = {
+        level: [Task("scripted", "train", str(i)) for i in range(5)]
+        for level in run_config.env.train_levels
+    }
+    trainer.num_rl_iterations = lambda: 3
+    trainer._sync_sampler = lambda copy=False: sampler.set_state(weights)
+    learned = []
+
+    def learn(it, trajs, np_rng, seconds):
+        learned.append((it, threading.current_thread().name, [t.group for t in trajs]))
+        return {}
+
+    trainer._learn = learn
+    try:
+        metrics = [trainer.async_iteration(it) for it in range(3)]
+    finally:
+        trainer._background.shutdown(wait=True)
+        sampler.set_state(weights)  # the module's other tests share the sampler
+    # Iteration 0's rollout in the foreground, those of iterations 1 and 2 in the background.
+    assert ["time/rollout_wait_s" in m for m in metrics] == [True, True, False]
+    assert worker.threads == ["MainThread"] * 3
+    # Process 0's share (the first of 2 tasks per iteration: group 0), gathered.
+    assert learned == [(it, "MainThread", [0, 0]) for it in range(3)]
+
+
 # ---------------------------------------------------------------- small multi-process checks
 
 
@@ -410,7 +466,10 @@ CONTINUOUS = (
     "--config.budget.total=80",
     "--config.budget.sft_fraction=0.5",
 )
-VARIANTS = {"full": (), "lora": LORA, "continuous": CONTINUOUS}
+# Asynchronous RL: iteration 2's rollout is played in the background during iteration 1's update
+# (each process its share), then gathered on the main thread.
+ASYNC = ("--config.rollout.max_staleness=1", "--config.rl.off_policy_correction=tis")
+VARIANTS = {"full": (), "lora": LORA, "continuous": CONTINUOUS, "async": ASYNC}
 
 
 @pytest.mark.slow
@@ -477,6 +536,8 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(
         assert want.shape == have.shape and np.abs(want - have).max() <= TOL, (tag, want, have)
     episodes = 16.0 if variant == "continuous" else 8.0
     assert ref["rollout/episodes"] == [(1, episodes), (2, episodes)]
+    if variant == "async":  # iteration 2 trained on the rollout played beside update 1
+        assert ref["rollout/staleness"] == got["rollout/staleness"] == [(1, 0.0), (2, 1.0)]
     events = [n for n in os.listdir(two / "tensorboard") if "tfevents" in n]
     assert len(events) == 1, events
     # Only process 0 reports.

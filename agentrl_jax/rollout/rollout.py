@@ -211,6 +211,7 @@ class RolloutWorker:
         group_size: int | None = None,
         task_offset: int = 0,
         progress: Callable[[int], object] | None = None,
+        gather: bool = True,
     ) -> list[Trajectory]:
         """Plays ``group_size`` episodes of every task; returns them in task-major order.
 
@@ -225,6 +226,9 @@ class RolloutWorker:
         process's share): the slice's episodes are keyed and grouped by their positions in the
         whole list, so they play exactly as they would inside it. ``progress`` is called with
         the number of this worker's episodes that just ended (a progress bar's ``update``).
+        ``gather=False`` returns only the episodes this worker played (a multi-host process's
+        share, issuing no collective), for ``gather`` to complete later, on the thread that
+        issues the run's collectives (asynchronous RL plays in a background thread).
         """
         group_size = group_size or self.config.group_size
         tasks = list(tasks)
@@ -241,7 +245,7 @@ class RolloutWorker:
                 task_offset=task_offset,
                 progress=progress,
             )
-            return self.gather(played)
+            return self.gather(played) if gather else played
         out = []
         for wave in waves:
             first = task_offset + wave.start
@@ -255,7 +259,7 @@ class RolloutWorker:
             )
             if progress is not None:
                 progress((wave.stop - wave.start) * group_size)
-        return self.gather(out)
+        return self.gather(out) if gather else out
 
     def waves(self, num_tasks: int, per_wave: int) -> list[slice]:
         """The waves this worker plays of a list of ``num_tasks`` tasks: all of them, in order."""

@@ -555,6 +555,10 @@ class Trainer:
         resumed run trains on the same episodes. The rollouts the run does not have yet (the
         first S, or after resuming a checkpoint of an on-policy run) are played first, in the
         foreground, by the current policy.
+
+        The background thread issues no cross-process collective: multi-host, it plays this
+        process's share only, and the shares are gathered here, on the main thread, after the
+        update (whose programs and gathers then run in the same order on every host).
         """
         stale, total = self.config.rollout.max_staleness, self.num_rl_iterations()
         for ahead in range(it, min(it + stale, total)):
@@ -569,8 +573,11 @@ class Trainer:
         finally:
             t0 = time.perf_counter()
             with timing.phase("rollout_wait"):
-                self.pending[ahead] = playing.result()
+                played = playing.result()  # no rollout in flight past this iteration
             waited = time.perf_counter() - t0
+        with timing.phase("transfer"):
+            played.trajs = self.worker.gather(played.trajs)  # a collective: every process's share
+        self.pending[ahead] = played
         metrics["time/rollout_wait_s"] = waited
         return metrics
 
@@ -584,7 +591,9 @@ class Trainer:
     def _start_ahead(self, it: int, version: int):
         """Iteration ``it``'s rollout, started in a background thread by the current policy:
         the sampler gets its own copy of the weights (the update donates the train state's),
-        released when the rollout ends. Returns its future (``PendingRollout``)."""
+        released when the rollout ends. Returns its future (``PendingRollout``), whose episodes
+        are this process's share only (``RolloutWorker.run(gather=False)``): the caller
+        gathers them on the main thread."""
         tasks, rng, np_rng = self._iteration_draws(it)
         self._sync_sampler(copy=True)
         sampling = rl_sampling(self.config)
@@ -592,7 +601,7 @@ class Trainer:
         def play() -> PendingRollout:
             t0 = time.perf_counter()
             try:
-                trajs = self.worker.run(tasks, rng, sampling=sampling)
+                trajs = self.worker.run(tasks, rng, sampling=sampling, gather=False)
             finally:
                 self.sampler.release()
             return PendingRollout.of(it, version, trajs, np_rng, time.perf_counter() - t0)
