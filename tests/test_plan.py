@@ -307,3 +307,28 @@ def test_rollout_mesh_plans_the_sampler_on_devices_of_its_own():
     cd.rollout_mesh = (1, 0, 2)
     with pytest.raises(ConfigError, match="config.rollout_mesh is .*; expected \\(\\) "):
         from_config_dict(cd, num_devices=8)
+
+
+def test_async_plan_holds_the_background_rollout_beside_score_and_update():
+    """``rollout.max_staleness`` > 0 on the learner's devices: the rollout played ahead (the
+    sampler's own copy of the policy, its KV cache and the turn's temporaries) is resident
+    beside ``score`` and ``rl_update``; with ``rollout_mesh`` it runs on devices of its own."""
+    cd = load_config_file("configs/tiny_textworld.py:test")
+    cd.mesh = (1, 2, 1)
+    learner = ("score", "rl_update")
+    sync = plan.memory_plan(from_config_dict(cd, num_devices=2), programs=learner)
+    cd.rollout.max_staleness = 1
+    ahead = plan.memory_plan(from_config_dict(cd, num_devices=2), programs=learner)
+    copy = ahead["sampler"]["params_bytes"]
+    assert copy > 0 and ahead["sampler"]["owned"]  # a copy of its own (the update donates)
+    assert [p["name"] for p in ahead["programs"]] == list(learner)
+    for a, s in zip(ahead["programs"], sync["programs"], strict=True):
+        grown = a["per_device_bytes"]["peak"] - s["per_device_bytes"]["peak"]
+        assert grown >= copy, (a["name"], grown, copy)
+        assert grown == a["per_device_bytes"]["rollout"]  # the turn's total, in resident
+    assert "beside score and rl_update" in plan.format_table(ahead)
+    # Disaggregated rollouts: nothing of the sampler's beside the learner's programs.
+    cd.rollout_mesh = (1, 1, 2)
+    apart = plan.memory_plan(from_config_dict(cd, num_devices=4), programs=learner)
+    for a, s in zip(apart["programs"], sync["programs"], strict=True):
+        assert a["per_device_bytes"]["peak"] == s["per_device_bytes"]["peak"], a["name"]

@@ -22,8 +22,12 @@ temporaries - aliased`` (less ``shared``: a LoRA run's score gets the policy's b
 the policy's and as the KL reference, the same buffers). ``resident`` is what the run holds
 outside the program's arguments while it runs (e.g. the reference policy during the update, the
 optimizer moments during a rollout), from the state's shapes; ``peak = total + resident`` is the
-figure to hold against a chip. ``analytic`` cross-checks the arguments: parameter bytes (each
-array's shard on one device) and Adam's two moments per trainable parameter.
+figure to hold against a chip. Asynchronous RL (``rollout.max_staleness`` > 0) plays a rollout
+while the learner scores and updates: unless ``config.rollout_mesh`` gives the sampler devices of
+its own, the sampler's turn (its own copy of the policy, its KV cache, the turn's temporaries:
+the turn's ``total``) is resident beside ``score`` and ``rl_update`` (``rollout``).
+``analytic`` cross-checks the arguments: parameter bytes (each array's shard on one device) and
+Adam's two moments per trainable parameter.
 
 A LoRA run (``model.lora.rank`` > 0) is planned as it runs: the RL state's policy carries
 adapters on the targeted projections (``build.rl_policy``; laid out on their base's logical axes)
@@ -112,7 +116,9 @@ def memory_plan(
       "analytic_bytes": {"params", "optimizer"}}], "largest"}. ``sampler`` is the sampler's
       copy of the policy (``build.sync_sampler``): its mesh, dtype, whether it is a copy of
       its own beside the train state, and its bytes per device, next to the whole policy in
-      float32 on every device (the replica multi-host runs used to hold).
+      float32 on every device (the replica multi-host runs used to hold); ``background``:
+      asynchronous RL's turn is resident beside ``score`` and ``rl_update``, whose
+      ``per_device_bytes`` then hold its bytes as ``rollout`` (in ``resident``).
 
     Raises:
       ValueError: the mesh needs more devices than there are, an unknown program name, or
@@ -166,10 +172,14 @@ def memory_plan(
         local_devices,
         lora=learner.lora,
     )
-    if rollout_mesh is not None:
-        owned = True  # a copy moved to the rollout's devices (build.sync_sampler)
-    build = {
-        "sampler_turn": lambda: _sampler_turn(
+    # Asynchronous RL on the learner's devices: a rollout plays beside score and rl_update,
+    # on a copy of its own (``build.sync_sampler(copy=True)``: the update donates the state's).
+    background = config.rollout.max_staleness > 0 and rollout_mesh is None
+    if rollout_mesh is not None or background:
+        owned = True  # a copy moved to the rollout's devices, or the background rollout's own
+
+    def turn():
+        return _sampler_turn(
             config,
             policy,
             state,
@@ -180,16 +190,25 @@ def memory_plan(
             prompt_tokens,
             num_choices,
             apart=rollout_mesh is not None,
-        ),
-        "sft_step": lambda: _sft_step(config, policy, mesh, seq),
-        "score": lambda: _score(config, learner, state, ref, rows, seq, num_choices, ref_shared),
-        "rl_update": lambda: _rl_update(
-            config, learner, state, None if ref_shared else ref, rows, seq, num_choices
-        ),
-    }
+        )
+
     runs = [name for name in PROGRAMS if programs is None or name in programs]
     if not budget_lib.from_config(config.budget).num_demos:
         runs = [name for name in runs if name != "sft_step"]  # a run without SFT
+    played = turn() if background and {"score", "rl_update"} & set(runs) else None
+    # What the background turn holds beside the learner's programs: its copy of the policy,
+    # its KV cache and its temporaries (its total; the train state it does not read is theirs).
+    beside = played["per_device_bytes"]["total"] if played else 0
+    build = {
+        "sampler_turn": (lambda: played) if played else turn,
+        "sft_step": lambda: _sft_step(config, policy, mesh, seq),
+        "score": lambda: _score(
+            config, learner, state, ref, rows, seq, num_choices, ref_shared, beside=beside
+        ),
+        "rl_update": lambda: _rl_update(
+            config, learner, state, None if ref_shared else ref, rows, seq, num_choices, beside
+        ),
+    }
     programs = [build[name]() for name in runs]
     largest = max(programs, key=lambda p: p["per_device_bytes"]["peak"])
     return {
@@ -217,6 +236,7 @@ def memory_plan(
         "sampler": {
             "mesh": [int(sampler_mesh.shape[a]) for a in sharding.MESH_AXES],
             "own_devices": rollout_mesh is not None,
+            "background": background,
             "dtype": np.dtype(model_cfg.dtype).name,
             "owned": owned,
             "params_bytes": device_bytes(sampler_params),
@@ -360,7 +380,7 @@ def _sft_step(config, policy, mesh, seq):
     return _program("sft_step", shapes, lowered, [], params=[state.policy], trained=[state.policy])
 
 
-def _score(config, learner, state, ref, rows, seq, num_choices, ref_shared=False):
+def _score(config, learner, state, ref, rows, seq, num_choices, ref_shared=False, *, beside=0):
     batch = learner.abstract_batch(_row_shapes(config, learner, rows, seq, num_choices, False))
     chunk = learner.spec.score_rows
     shapes = {"rows": rows, "seq": seq, "rows_per_chunk": chunk}
@@ -372,10 +392,10 @@ def _score(config, learner, state, ref, rows, seq, num_choices, ref_shared=False
     # XLA's arguments count twice.
     shared = ref if ref_shared else None
     params = [state.policy, state.value] if ref_shared else [state.policy, ref, state.value]
-    return _program("score", shapes, lowered, resident, params=params, shared=shared)
+    return _program("score", shapes, lowered, resident, params=params, shared=shared, beside=beside)
 
 
-def _rl_update(config, learner, state, ref, rows, seq, num_choices):
+def _rl_update(config, learner, state, ref, rows, seq, num_choices, beside=0):
     rl = learner.spec
     batch = learner.abstract_batch(_row_shapes(config, learner, rows, seq, num_choices, True))
     steps = rl.epochs * (rows // rl.minibatch_size)
@@ -405,6 +425,7 @@ def _rl_update(config, learner, state, ref, rows, seq, num_choices):
         [ref],
         params=[state.policy, state.value],
         trained=[learner.trainable(state.policy)[0], state.value],
+        beside=beside,
     )
 
 
@@ -429,13 +450,15 @@ def _row_shapes(config, learner, rows, seq, num_choices, scored):
 
 
 def _program(
-    name, shapes, lowered, resident, *, params, trained=None, shared=None
+    name, shapes, lowered, resident, *, params, trained=None, shared=None, beside=0
 ) -> dict[str, Any]:
     """Lowers and compiles one program (timed) and reads its memory analysis.
 
     ``resident``: what the run holds beside the program's arguments; ``params``: the parameter
     states among its arguments; ``trained``: those Adam trains (the adapters alone with LoRA);
-    ``shared``: arguments passed twice (the same buffers), counted once in ``total``.
+    ``shared``: arguments passed twice (the same buffers), counted once in ``total``;
+    ``beside``: bytes per device of a program running at the same time (asynchronous RL's
+    sampler turn), added to ``resident`` and reported as ``rollout``.
     """
     start = time.perf_counter()
     compiled = lowered().compile()
@@ -451,7 +474,9 @@ def _program(
     if shared is not None:
         b["shared"] = device_bytes(shared)
         b["total"] -= b["shared"]
-    b["resident"] = device_bytes(resident)
+    b["resident"] = device_bytes(resident) + beside
+    if beside:
+        b["rollout"] = beside
     b["peak"] = b["total"] + b["resident"]
     logging.info(
         "plan: %s compiled in %.1f s, peak %.2f GiB per device", name, compile_s, b["peak"] / GIB
@@ -517,6 +542,14 @@ def format_table(plan: dict[str, Any]) -> str:
         f"({copy}): {gib(s['params_bytes'])} {unit} per device (the policy in float32 on every "
         f"device: {gib(s['f32_replica_bytes'])} {unit})",
     ]
+    background = [p for p in plan["programs"] if p["per_device_bytes"].get("rollout")]
+    if background:
+        lines.append(
+            f"asynchronous RL (rollout.max_staleness > 0): the rollout played ahead, its copy of "
+            f"the policy, KV cache and turn temporaries "
+            f"({gib(background[0]['per_device_bytes']['rollout'])} {unit} per device), is "
+            "resident beside score and rl_update on the learner's devices."
+        )
     lora = plan["model"].get("lora")
     if lora:
         lines.append(

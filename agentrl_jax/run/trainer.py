@@ -666,7 +666,9 @@ class Trainer:
 
         Synced on entry (``_sync_sampler``) and released on exit, also when the block raises,
         both timed as ``sync``: the sampler's own copy of the policy is never held past the
-        block (through the RL update, whose learner programs are planned without it).
+        block (through the RL update, whose learner programs are planned without it; only
+        asynchronous RL's rollout, ``_start_ahead``, holds one beside the update, and
+        ``launch.plan`` counts it there).
         """
         self._sync_sampler()
         try:
