@@ -17,12 +17,12 @@ Each prints a table and writes JSON with, per workload, ``ours``, ``reference``,
 ``unit``. ``--quick`` shrinks every workload (used by the tests to check the plumbing).
 """
 
-import ast
 import importlib
 
 from absl import app, flags
 
 from agentrl_jax import compile_cache
+from agentrl_jax.benchmarks.iteration import setting as iteration_setting
 
 BENCHMARKS = (
     "sampler",
@@ -68,23 +68,15 @@ def main(argv):
             raise app.UsageError("--config and --set are options of the iteration benchmark")
         if _CONFIG.value:
             options["config"] = _CONFIG.value
-        options["overrides"] = tuple(_setting(s) for s in _SET.value)
+        try:
+            options["overrides"] = tuple(iteration_setting(s) for s in _SET.value)
+        except ValueError as e:
+            raise app.UsageError(str(e)) from e
     report = module.run(quick=_QUICK.value, **options)
     print(report.table())
     if _OUT.value:
         report.write(_OUT.value)
         print(f"wrote {_OUT.value}")
-
-
-def _setting(text: str) -> tuple[str, object]:
-    """``--set=section.field=value`` as (path, value); the value a Python literal, else text."""
-    path, sep, value = text.partition("=")
-    if not sep or not path:
-        raise app.UsageError(f"--set={text!r}: expected section.field=value")
-    try:
-        return path, ast.literal_eval(value)
-    except (ValueError, SyntaxError):
-        return path, value
 
 
 if __name__ == "__main__":

@@ -6,7 +6,6 @@ check); here only the config it would run is built."""
 import os
 
 import pytest
-from absl import app
 
 from agentrl_jax.benchmarks import iteration
 
@@ -38,9 +37,8 @@ def test_the_default_runs_as_before(monkeypatch):
 def test_quick_is_the_defaults_only_and_settings_parse_as_literals():
     with pytest.raises(ValueError, match="--quick runs configs/tiny_textworld.py:test"):
         iteration.run(quick=True, config="configs/alfworld_tiny.py")
-    from launch import bench
-
-    assert bench._setting("rollout.show_admissible=True") == ("rollout.show_admissible", True)
-    assert bench._setting("rollout.system_prompt=Act.") == ("rollout.system_prompt", "Act.")
-    with pytest.raises(app.UsageError, match="expected section.field=value"):
-        bench._setting("rollout.show_admissible")
+    setting = iteration.setting
+    assert setting("rollout.show_admissible=True") == ("rollout.show_admissible", True)
+    assert setting("rollout.system_prompt=Act.") == ("rollout.system_prompt", "Act.")
+    with pytest.raises(ValueError, match="expected section.field=value"):
+        setting("rollout.show_admissible")

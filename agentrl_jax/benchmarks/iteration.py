@@ -42,6 +42,7 @@ loads them. Workloads:
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import json
 import os
@@ -293,6 +294,17 @@ def run(
         load_average=os.getloadavg(),
     )
     return report
+
+
+def setting(text: str) -> tuple[str, Any]:
+    """``--set=section.field=value`` as (path, value): the value a Python literal, else text."""
+    path, sep, value = text.partition("=")
+    if not sep or not path:
+        raise ValueError(f"--set={text!r}: expected section.field=value")
+    try:
+        return path, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return path, value
 
 
 def _median(values: list[float]) -> float | None:
