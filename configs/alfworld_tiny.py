@@ -8,17 +8,20 @@ first run unpacks into the cache). Greedy evaluation on
 valid_seen (140 tasks, rooms seen in training: the split that tunes) and valid_unseen (134, new
 rooms: the split that reports), per task type (``docs/environments_alfworld.md``).
 
-What makes it run on 2 cores (``python -m launch.bench iteration --config=configs/alfworld_tiny.py``
-measures it; docs/performance.md):
+Its settings, measured (docs/performance.md "ALFWorld on 2 cores", docs/results.md ``alfworld``:
+tuning on valid_seen in progress, not yet a recipe that wins there):
 
-- Step-wise contexts without the admissible list: the objective, the last turns and the new
-  observation. Constrained decoding already restricts the policy to the admissible commands, so
-  listing them in the prompt only tripled it (median 581 tokens a step with the list, 197 without,
-  on 48 expert episodes of train games).
-- A context of 512 tokens (the longest expert step above: 463) and 16 new tokens (the longest
-  admissible command: 9 with its stop token at this vocabulary).
-- Train tasks spread over the six types and the rooms (``alfworld_tasks``' order), the
-  tokenizer learnt from the expert episodes of 200 of them.
+- Whole-episode contexts without the admissible list (3,072 tokens hold 50 turns). Constrained
+  decoding restricts the policy to the admissible commands, so listing them only tripled each
+  prompt (step-wise contexts: a median of 581 tokens with the list, 197 without, on 48 expert
+  episodes of train games). A whole episode trains on 812 tokens a demonstration against 2,730
+  as step rows, prefills only each turn's new observation, and lets the policy see where it has
+  been: with the last 2 turns alone, the SFT policy looped between two receptacles (run A).
+- 16 new tokens a turn (the longest admissible command: 9 with its stop token here).
+- Train tasks spread over the six types and the rooms (``alfworld_tasks``' order); the
+  tokenizer learnt from the expert episodes of the first 200.
+- ``--config.env.kwargs.data_dir`` or ``$ALFWORLD_DATA`` for the data; the games' PDDL
+  translations persist in the cache, so a game loads in ~0.4 s after its first time.
 """
 
 import ml_collections
@@ -47,14 +50,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
         group_size=4,
         max_turns=50,
         max_new_tokens=16,
-        max_seq_len=512,
-        context_mode="step",
-        history_turns=2,
+        max_seq_len=3072,
+        context_mode="episode",
         show_admissible=False,
         constrain_actions=True,
         system_prompt="You are an agent in a household. Reply with one action.",
     )
-    c.sft.update(epochs=3, batch_size=32, learning_rate=2e-3, warmup_steps=20)
+    # Run B's SFT (docs/results.md alfworld): 10 epochs of the won episodes, 8 a batch.
+    c.sft.update(epochs=10, batch_size=8, learning_rate=2e-3, warmup_steps=20)
     # 400 demonstrations (4,000 units), then 20 RL iterations of 8 tasks x 4 rollouts.
     c.budget = dict(total=4000 + 20 * 32, sft_fraction=4000 / (4000 + 20 * 32))
     c.rl.update(

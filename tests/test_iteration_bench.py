@@ -21,7 +21,7 @@ def test_another_config_runs_its_own_tasks_shrunk_with_the_settings_given(monkey
         overrides=(("rollout.show_admissible", True), ("env.kwargs.max_steps", 30)),
     )
     run = iteration.bench_config(spec)
-    assert run.env.name == "alfworld" and run.rollout.context_mode == "step"
+    assert run.env.name == "alfworld" and run.rollout.context_mode == "episode"
     assert run.env.eval_levels == ("all@valid_seen",) and run.env.num_eval_tasks == 16
     assert run.env.num_train_tasks == 64 and run.budget.sft_fraction == 0.0
     assert run.rollout.show_admissible and dict(run.env.kwargs)["max_steps"] == 30
