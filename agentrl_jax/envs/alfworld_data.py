@@ -66,6 +66,11 @@ def default_cache_dir() -> pathlib.Path:
     return pathlib.Path(base).expanduser() / "alfworld"
 
 
+def cache_root(cache_dir: str | os.PathLike | None = None) -> pathlib.Path:
+    """The cache folder an env was given (``cache_dir``), else ``default_cache_dir()``."""
+    return pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
+
+
 def resolve_data_dir(
     data_dir: str | os.PathLike | None = None, cache_dir: str | os.PathLike | None = None
 ) -> pathlib.Path:
@@ -120,8 +125,8 @@ def extract_tarball(
       MissingDataError: the pack is unreadable or has no ``json_2.1.1`` folder.
     """
     tarball = pathlib.Path(tarball)
-    cache = pathlib.Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = cache / "data" / f"{tarball.name.split('.')[0]}-{_file_digest(tarball)[:16]}"
+    name = f"{tarball.name.split('.')[0]}-{_file_digest(tarball)[:16]}"
+    target = cache_root(cache_dir) / "data" / name
     if (target / JSON_DIR).is_dir():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)

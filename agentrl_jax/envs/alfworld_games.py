@@ -64,14 +64,13 @@ def shipped_logic() -> tuple[str, str]:
 
 def translations_dir(cache_dir: str | os.PathLike | None) -> pathlib.Path:
     """Where the fast engine keeps the games' PDDL-to-SAS translations (``alfworld_speedups``)."""
-    cache = pathlib.Path(cache_dir) if cache_dir is not None else alfworld_data.default_cache_dir()
-    return cache / "translations"
+    return alfworld_data.cache_root(cache_dir) / "translations"
 
 
 def game_dir(cache_dir: str | os.PathLike | None, split: str, task_id: str) -> pathlib.Path:
     """Where the game of ``split/task_id`` is cached."""
-    cache = pathlib.Path(cache_dir) if cache_dir is not None else alfworld_data.default_cache_dir()
-    return cache / "games" / f"alfworld-{alfworld_version()}" / split / task_id
+    games = alfworld_data.cache_root(cache_dir) / "games" / f"alfworld-{alfworld_version()}"
+    return games / split / task_id
 
 
 def build_game(
