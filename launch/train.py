@@ -9,7 +9,9 @@ critic, a mesh that does not divide the devices: a clear error listing the valid
 Rerunning the same command with the same workdir resumes from the last checkpoint. A rerun whose
 config differs from the workdir's ``config.json`` in anything that changes the run stops with an
 error naming the fields (``--allow_config_change`` accepts the change on purpose and records it
-in ``config_changes.jsonl``; see ``run/workdir_config.py``). A checkpoint that cannot be
+in ``config_changes.jsonl``; see ``run/workdir_config.py``). ``--stop_after=sft`` stops once
+SFT is done, evaluated and checkpointed: a copy of that workdir is an SFT start that runs with
+other RL settings resume from (``launch.study``'s ``shared_sft``). A checkpoint that cannot be
 written (disk full, read-only workdir) stops the run with an error naming its path; the previous
 checkpoint stays restorable.
 
@@ -75,6 +77,13 @@ _ALLOW_CONFIG_CHANGE = flags.DEFINE_bool(
     "Resume even though the config differs from the workdir's config.json in fields that change "
     "the run (the change is recorded in config_changes.jsonl).",
 )
+_STOP_AFTER = flags.DEFINE_enum(
+    "stop_after",
+    None,
+    ["sft"],
+    "sft: stop once SFT is done, evaluated and checkpointed, before RL begins (an SFT start that "
+    "runs with other RL settings resume from: copy the workdir, then --allow_config_change).",
+)
 
 
 def main(argv):
@@ -123,7 +132,7 @@ def main(argv):
     except DisagreementError as e:
         cli.fail(f"multi-host error: {e}")
     try:
-        evals = trainer.run()
+        evals = trainer.run(stop_after=_STOP_AFTER.value)
         table = trainer.before_after()
         rows = eval_report.before_after_rows(trainer.before_after_results())
     except CheckpointWriteError as e:

@@ -89,6 +89,11 @@ def test_studies_sharing_a_baseline_reuse_its_cells(tmp_path):
         ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0,), "
          "reference='b')", r"'reference'\] is 'b'; expected one of \['a'\]"),
         ("dict(variants={'a': {}}, seeds=(0,), extra=1)", r"unknown key\(s\) \['extra'\]"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0,), "
+         "shared_sft=('a', 'b'))", r"'shared_sft'\] is \('a', 'b'\); expected a tuple of variant"),
+        ("dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}, "
+         "'b': {'sft.epochs': 3}}, seeds=(0,), shared_sft=('a', 'b'))",
+         r"names 'b', whose overrides \['sft.epochs'\] are not RL settings"),
     ],
 )  # fmt: skip
 def test_bad_study_files_name_the_field(tmp_path, body, match):
@@ -190,7 +195,8 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
 
 def _fake_cells(tmp_path, monkeypatch, fail_variant=None):
     """Cells that "train" in a blink: each copies a prepared report.json into its run folder
-    (rloo: 3 of 4 games won after RL, grpo: 2 of 4) and logs that it ran."""
+    (rloo: 3 of 4 games won after RL, grpo and any other variant: 2 of 4) and logs that it
+    ran."""
     from agentrl_jax.rollout.trajectory import Trajectory
     from agentrl_jax.run.evaluation import summarize
 
@@ -218,7 +224,8 @@ def _fake_cells(tmp_path, monkeypatch, fail_variant=None):
     def cmd(folder):
         variant = os.path.basename(os.path.dirname(folder))
         code = 1 if variant == fail_variant else 0
-        return [sys.executable, "-c", script, folder, str(reports[variant]), str(code)]
+        report = reports.get(variant, reports["grpo"])
+        return [sys.executable, "-c", script, folder, str(report), str(code)]
 
     monkeypatch.setattr(study_lib, "_train_cmd", cmd)
     monkeypatch.setattr(study_lib, "generate_games", lambda configs, progress=True: 0)
@@ -321,6 +328,85 @@ def test_a_failed_cell_is_named_and_the_others_finish(tmp_path, monkeypatch):
     results = json.loads((workdir / "results.json").read_text())
     assert sorted(results["cells"]) == ["grpo/seed-0", "grpo/seed-1"]
     assert not (workdir / "cells" / "rloo" / "seed-0" / "done").exists()
+
+
+def test_shared_sft_variants_need_one_rl_state(tmp_path):
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'grpo': {}, "
+        "'ppo': {'rl.algo': 'gae'}}, seeds=(0,), shared_sft=('grpo', 'ppo'))",
+    )
+    with pytest.raises(study_lib.StudyError, match="'ppo' has a critic and 'grpo' has not"):
+        study_lib.prepare(study_lib.load_study(path), str(tmp_path / "study"))
+
+
+def test_shared_sft_cells_resume_one_sft_start_per_seed(tmp_path, monkeypatch):
+    """Per seed, one SFT start (``--stop_after=sft``) runs before the seed's shared cells; each
+    shared cell's run folder begins as its copy and resumes with ``--allow_config_change``; a
+    variant outside ``shared_sft`` runs on its own; a rerun repeats nothing; a failed start fails
+    its cells and no other."""
+    _fake_cells(tmp_path, monkeypatch)
+    fake = study_lib._train_cmd
+    order = tmp_path / "order.txt"
+    script = (
+        "import os, sys; folder, *flags = sys.argv[1:]; run = os.path.join(folder, 'run');"
+        "os.makedirs(run, exist_ok=True); open(sys.argv[-1], 'a').write(folder + ' ' +"
+        " ' '.join(flags[:-1]) + '\\n');"
+        "open(os.path.join(run, 'sft.txt'), 'w').write(folder);"
+        "sys.exit(int(os.path.basename(folder) == os.environ.get('FAIL_START', '-')))"
+    )
+
+    def cmd(folder, *flags):
+        if os.path.basename(os.path.dirname(folder)) == "starts":
+            return [sys.executable, "-c", script, folder, *flags, str(order)]
+        assert os.path.isfile(os.path.join(folder, "run", "sft.txt")) == bool(flags)
+        with open(order, "a") as f:
+            f.write(f"{folder} {' '.join(flags)}\n")
+        return fake(folder)
+
+    monkeypatch.setattr(study_lib, "_train_cmd", cmd)
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'grpo': {}, "
+        "'rloo': {'rl.algo': 'rloo'}, 'alone': {'sft.epochs': 3}}, seeds=(0, 1), "
+        "evaluation=dict(split='test', num_tasks=1, levels=('simple',), decoding='constrained'),"
+        " shared_sft=('grpo', 'rloo'))",
+    )
+    study, workdir = study_lib.load_study(path), tmp_path / "study"
+    study_lib.run_study(study, str(workdir), log=lambda m: None)
+    runs = [line.split() for line in order.read_text().splitlines()]
+    short = [(os.path.relpath(r[0], workdir), r[1:]) for r in runs]
+    assert short == [
+        ("starts/seed-0", ["--stop_after=sft"]),
+        ("cells/grpo/seed-0", ["--allow_config_change"]),
+        ("cells/rloo/seed-0", ["--allow_config_change"]),
+        ("cells/alone/seed-0", []),
+        ("starts/seed-1", ["--stop_after=sft"]),
+        ("cells/grpo/seed-1", ["--allow_config_change"]),
+        ("cells/rloo/seed-1", ["--allow_config_change"]),
+        ("cells/alone/seed-1", []),
+    ]
+    start = workdir / "starts" / "seed-1"
+    assert (start / "done").is_file()
+    cell = workdir / "cells" / "rloo" / "seed-1"
+    assert (cell / "run" / "sft.txt").read_text() == str(start)  # the start's copy
+    assert (cell / "sft_from").read_text().strip() == str(start)
+    assert (start / "cell_config.json").read_text() == (
+        workdir / "cells" / "grpo" / "seed-1" / "cell_config.json"
+    ).read_text()
+
+    order.write_text("")  # a rerun repeats nothing
+    study_lib.run_study(study, str(workdir), log=lambda m: None)
+    assert order.read_text() == ""
+
+    # A start that fails: its seed's shared cells fail with it, the others run.
+    monkeypatch.setenv("FAIL_START", "seed-0")
+    with pytest.raises(study_lib.StudyError) as e:
+        study_lib.run_study(study, str(tmp_path / "other"), log=lambda m: None)
+    assert "SFT start seed-0 (exit 1" in str(e.value)
+    assert "grpo/seed-0 (its SFT start failed)" in str(e.value)
+    assert "rloo/seed-0 (its SFT start failed)" in str(e.value)
+    assert "seed-1" not in str(e.value)
 
 
 def _start(workdir, cache, log):

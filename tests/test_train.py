@@ -623,6 +623,41 @@ def test_sigkill_anywhere_then_resume_repeats_the_uninterrupted_run(
     assert result.same, result.to_json()
 
 
+def test_an_sft_start_resumed_is_the_uninterrupted_run(
+    reference_run, textworld_games, compile_cache, tmp_path
+):
+    """``--stop_after=sft`` ends once SFT is checkpointed and evaluated, before any RL; a copy of
+    that workdir resumed by the plain command is the uninterrupted run, bit for bit, and one
+    resumed with other RL settings (``--allow_config_change``, as a study's ``shared_sft`` cells
+    do) starts RL from the same SFT policy and its evaluation."""
+    ref_dir, _ = reference_run
+    cache = textworld_games["root"]
+    start = tmp_path / "start"
+    (text,) = train_cli.finish(_launch(start, cache, compile_cache, "--stop_after=sft"))
+    assert "evaluation after_sft done" in text and "RL iteration" not in text, text[-4000:]
+    assert "after_rl" not in json.loads((start / "report.json").read_text())["evals"]
+
+    same = tmp_path / "same"
+    shutil.copytree(start, same)
+    (text,) = train_cli.finish(_launch(same, cache, compile_cache))
+    assert "phase rl, after RL iteration 0" in text, text[-4000:]
+    result = compare(ref_dir, same)
+    assert result.checkpoint_steps == (4, 4)
+    assert result.same, result.to_json()
+
+    other = tmp_path / "rloo"
+    shutil.copytree(start, other)
+    refused = train_cli.wait_all(_launch(other, cache, compile_cache, "--config.rl.algo=rloo"))
+    assert refused[0][0] != 0 and "rl.algo" in refused[0][1], refused[0][1][-4000:]
+    flags = ("--config.rl.algo=rloo", "--allow_config_change")
+    train_cli.finish(_launch(other, cache, compile_cache, *flags))
+    change = json.loads((other / "config_changes.jsonl").read_text().splitlines()[-1])
+    assert "rl.algo" in json.dumps(change)
+    evals = [json.loads((d / "report.json").read_text())["evals"] for d in (ref_dir, other)]
+    assert evals[0]["after_sft"] == evals[1]["after_sft"]
+    assert not compare(ref_dir, other).same  # RL ran with RLOO's advantages
+
+
 @pytest.mark.slow
 def test_rollout_mesh_run_is_the_run_on_the_learners_mesh(textworld_games, compile_cache, tmp_path):
     """``config.rollout_mesh``: rollouts on 2 devices of their own (the policy moved there after

@@ -12,6 +12,13 @@ cell_config.json`` (via ``configs/from_json.py``): a killed or crashed cell lose
 its memory is returned when it ends, and rerunning resumes it from its last checkpoint.
 A cell is finished when its ``done`` marker exists, written (atomically) after its
 ``result.json``; a rerun of the study never repeats a finished cell.
+
+Shared SFT (the study's ``shared_sft`` variants): per seed, a start ``WORKDIR/starts/seed-<s>``
+runs the first shared variant's config with ``--stop_after=sft`` (SFT, its evaluation, the
+checkpoint RL begins from), once, before any of the seed's shared cells. Each shared cell's run
+folder begins as a copy of the start's and resumes from it with its own config
+(``--allow_config_change``: the RL settings that differ are recorded in the run's
+``config_changes.jsonl``), so the variants' RL phases begin from the very same SFT policy.
 """
 
 from __future__ import annotations
@@ -55,6 +62,15 @@ def cell_dir(workdir: str, variant: str, seed: int) -> str:
 
 def is_done(workdir: str, variant: str, seed: int) -> bool:
     return os.path.isfile(os.path.join(cell_dir(workdir, variant, seed), "done"))
+
+
+def start_dir(workdir: str, seed: int) -> str:
+    """The shared SFT start of ``seed``'s ``shared_sft`` cells."""
+    return os.path.join(workdir, "starts", f"seed-{seed}")
+
+
+def start_done(workdir: str, seed: int) -> bool:
+    return os.path.isfile(os.path.join(start_dir(workdir, seed), "done"))
 
 
 def cell_code() -> dict[str, str]:
@@ -156,7 +172,37 @@ def prepare(study: Study, workdir: str) -> dict[tuple[str, int], Any]:
         write_atomic(
             os.path.join(folder, "cell_config.json"), cd.to_json_best_effort(indent=2) + "\n"
         )
+    if study.shared_sft:
+        _check_shared_sft(study, configs)
+        for seed in study.seeds:
+            folder = start_dir(workdir, seed)
+            os.makedirs(folder, exist_ok=True)
+            shutil.copy2(
+                os.path.join(cell_dir(workdir, study.shared_sft[0], seed), "cell_config.json"),
+                os.path.join(folder, "cell_config.json"),
+            )
     return configs
+
+
+def _check_shared_sft(study: Study, configs: dict[tuple[str, int], Any]) -> None:
+    """Shared variants must resume one RL state: the same critic or none, the same KL reference
+    (the SFT start checkpoints both)."""
+    first = study.shared_sft[0]
+    for seed in study.seeds:
+        a = configs[(first, seed)]
+        for variant in study.shared_sft[1:]:
+            b = configs[(variant, seed)]
+            for what, get in (
+                ("a critic", lambda c: c.rl_spec().needs_critic),
+                ("a frozen KL reference", lambda c: c.rl_spec().kl.needs_reference),
+            ):
+                if get(a) != get(b):
+                    raise StudyError(
+                        f"{study.path}: shared_sft: variant {variant!r} "
+                        f"{'has' if get(b) else 'has not'} {what} and {first!r} "
+                        f"{'has' if get(a) else 'has not'}; variants sharing an SFT start "
+                        "must resume the same RL state"
+                    )
 
 
 def generate_games(configs: Sequence[Any], progress: bool = True) -> int:
@@ -198,7 +244,7 @@ def generate_games(configs: Sequence[Any], progress: bool = True) -> int:
     return total
 
 
-def _train_cmd(folder: str) -> list[str]:
+def _train_cmd(folder: str, *flags: str) -> list[str]:
     config = os.path.join(folder, "cell_config.json")
     return [
         sys.executable,
@@ -206,7 +252,21 @@ def _train_cmd(folder: str) -> list[str]:
         "launch.train",
         f"--config={FROM_JSON}:{config}",
         f"--workdir={os.path.join(folder, 'run')}",
+        *flags,
     ]
+
+
+def _begin_from_start(folder: str, start: str) -> None:
+    """A shared cell's run folder begins as a copy of its seed's SFT start (once: a rerun
+    resumes the cell's own checkpoints)."""
+    run = os.path.join(folder, "run")
+    if os.path.isdir(run):
+        return
+    tmp = run + ".copying"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(os.path.join(start, "run"), tmp, symlinks=True)
+    os.replace(tmp, run)
+    write_atomic(os.path.join(folder, "sft_from"), os.path.abspath(start) + "\n")
 
 
 def _die_with_parent() -> None:
@@ -279,47 +339,78 @@ def run_study(
         n = generate_games([configs[c] for c in pending])
         if n:
             log(f"games: {n} TextWorld games ready in the cache")
-    running: dict[tuple[str, int], tuple[subprocess.Popen, float, Any]] = {}
+    shared = set(study.shared_sft)
+    # The jobs in run order: a seed's SFT start just before the first of its shared cells.
+    queue: list[tuple[str, Any]] = []
+    for cell in pending:
+        sft = ("start", cell[1])
+        if cell[0] in shared and not start_done(workdir, cell[1]) and sft not in queue:
+            queue.append(sft)
+        queue.append(("cell", cell))
+
+    def ready(job: tuple[str, Any]) -> bool:
+        kind, key = job
+        return kind == "start" or key[0] not in shared or start_done(workdir, key[1])
+
+    running: dict[tuple[str, Any], tuple[subprocess.Popen, float, Any]] = {}
     durations: list[float] = []
     failed: list[str] = []
-    queue = list(pending)
     start = time.monotonic()
     while queue or running:
-        while queue and len(running) < parallel:
-            cell = queue.pop(0)
-            folder = cell_dir(workdir, *cell)
+        while len(running) < parallel and any(ready(j) for j in queue):
+            job = next(j for j in queue if ready(j))
+            queue.remove(job)
+            kind, key = job
+            if kind == "start":
+                folder, name = start_dir(workdir, key), f"SFT start seed-{key}"
+                flags = ("--stop_after=sft",)
+            else:
+                folder, name, flags = cell_dir(workdir, *key), f"{key[0]}/seed-{key[1]}", ()
+                if key[0] in shared:
+                    _begin_from_start(folder, start_dir(workdir, key[1]))
+                    flags = ("--allow_config_change",)
             write_atomic(os.path.join(folder, "code.json"), json.dumps(code, indent=0) + "\n")
             logf = open(os.path.join(folder, "train.log"), "ab")  # noqa: SIM115 - closed on exit
-            logf.write(
-                f"=== launch.study: cell {cell[0]}/seed-{cell[1]} started {time.ctime()}\n".encode()
-            )
+            logf.write(f"=== launch.study: {kind} {name} started {time.ctime()}\n".encode())
             logf.flush()
             with warnings.catch_warnings():
                 # preexec_fn means fork then exec; JAX warns about forking once it has threads,
                 # but the child only calls prctl before exec, touching no lock JAX holds.
                 warnings.filterwarnings("ignore", "os.fork", RuntimeWarning)
                 proc = subprocess.Popen(
-                    _train_cmd(folder),
+                    _train_cmd(folder, *flags),
                     cwd=repo,
                     stdout=logf,
                     stderr=subprocess.STDOUT,
                     preexec_fn=_die_with_parent,
                 )
-            running[cell] = (proc, time.monotonic(), logf)
-            log(f"  start {cell[0]}/seed-{cell[1]}")
+            running[job] = (proc, time.monotonic(), logf)
+            log(f"  start {name}")
+        if queue and not running:  # what is left waits on an SFT start that failed
+            for _, cell in queue:
+                failed.append(f"{cell[0]}/seed-{cell[1]} (its SFT start failed)")
+            queue.clear()
+            break
         time.sleep(0.5)
-        for cell, (proc, t0, logf) in list(running.items()):
+        for job, (proc, t0, logf) in list(running.items()):
             if proc.poll() is None:
                 continue
             logf.close()
-            del running[cell]
-            folder = cell_dir(workdir, *cell)
-            name = f"{cell[0]}/seed-{cell[1]}"
+            del running[job]
+            kind, key = job
+            if kind == "start":
+                folder, name = start_dir(workdir, key), f"SFT start seed-{key}"
+            else:
+                folder, name = cell_dir(workdir, *key), f"{key[0]}/seed-{key[1]}"
             if proc.returncode != 0:
                 failed.append(f"{name} (exit {proc.returncode}; log {folder}/train.log)")
                 log(f"  FAILED {name}: exit status {proc.returncode}; see {folder}/train.log")
                 continue
-            env = configs[cell].env
+            if kind == "start":
+                write_atomic(os.path.join(folder, "done"), time.ctime() + "\n")
+                log(f"  done {name} in {_duration(time.monotonic() - t0)}")
+                continue
+            env = configs[key].env
             levels = report_levels(
                 env.name, env.report_levels, env.eval_levels, env.num_report_tasks
             )
@@ -328,7 +419,7 @@ def run_study(
             write_atomic(os.path.join(folder, "done"), time.ctime() + "\n")
             durations.append(time.monotonic() - t0)
             done = sum(is_done(workdir, *c) for c in cells)
-            left = len(queue) + len(running)
+            left = sum(k == "cell" for k, _ in queue) + len(running)
             eta = (
                 _duration(sum(durations) / len(durations) * math.ceil(left / parallel))
                 if left
@@ -373,5 +464,7 @@ __all__ = [
     "results_markdown",
     "reuse_cells",
     "run_study",
+    "start_dir",
+    "start_done",
     "write_atomic",
 ]

@@ -10,12 +10,19 @@ A study file (``configs/studies/NAME.py``) defines ``get_study()`` returning a d
     evaluation=dict(split="test", num_tasks=200, levels=("simple", "medium"),
                     decoding="constrained")       # decoding None/absent: each config's own;
                                                   # split absent: the env family's report split
+    shared_sft=("grpo", "rloo")                   # optional: these variants start RL from one
+                                                  # SFT run per seed
 
 ``evaluation`` sets the cells' report (``env.report_levels`` on ``split``, ``num_tasks`` games per
 level, ``env.num_report_tasks``): every cell's before/after numbers are on those games, greedy.
 ``decoding`` sets ``rollout.constrain_actions`` for the whole cell (the trainer acts and
 evaluates with the same decoding). Tuning and checkpoint selection inside a cell still read the
 config's ``valid`` evaluations.
+
+``shared_sft`` names variants that differ in RL settings only (``rl.*`` overrides): per seed, one
+SFT run (``launch.train --stop_after=sft``, in ``WORKDIR/starts/seed-<s>``) is the start every one
+of them resumes from, so their SFT policy and its evaluation are the same, and an expensive SFT
+phase runs once a seed instead of once a cell.
 
 The runner is ``experiments/study.py``; the cells' numbers, the tables over seeds and the curves
 are ``experiments/study_results.py``.
@@ -32,7 +39,15 @@ from typing import Any
 
 from agentrl_jax.run.config import load_config_file, missing_key
 
-STUDY_KEYS = ("baseline", "overrides", "variants", "reference", "seeds", "evaluation")
+STUDY_KEYS = (
+    "baseline",
+    "overrides",
+    "variants",
+    "reference",
+    "seeds",
+    "evaluation",
+    "shared_sft",
+)
 EVALUATION_KEYS = ("split", "num_tasks", "levels", "decoding")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -60,6 +75,7 @@ class Study:
     reference: str
     seeds: tuple[int, ...]
     evaluation: Evaluation
+    shared_sft: tuple[str, ...] = ()  # variants that resume from one SFT run per seed
 
     @property
     def name(self) -> str:
@@ -138,6 +154,20 @@ def load_study(path: str) -> Study:
             f"{where}['evaluation']['decoding'] is {evaluation.decoding!r}; "
             "expected 'free', 'constrained' or None (the config's own)"
         )
+    shared = raw.get("shared_sft", ())
+    if not isinstance(shared, (list, tuple)) or any(v not in variants for v in shared):
+        raise StudyError(
+            f"{where}['shared_sft'] is {shared!r}; expected a tuple of variant names from "
+            f"{list(variants)}"
+        )
+    for name in shared:
+        not_rl = sorted(k for k in variants[name] if not k.startswith("rl."))
+        if not_rl:
+            raise StudyError(
+                f"{where}['shared_sft'] names {name!r}, whose overrides {not_rl} are not RL "
+                "settings; expected variants that differ in rl.* keys only (they share one SFT "
+                "run per seed)"
+            )
     return Study(
         path=path,
         baseline=raw["baseline"],
@@ -146,6 +176,7 @@ def load_study(path: str) -> Study:
         reference=reference,
         seeds=tuple(seeds),
         evaluation=evaluation,
+        shared_sft=tuple(dict.fromkeys(shared)),
     )
 
 

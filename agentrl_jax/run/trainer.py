@@ -324,10 +324,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ phases
 
-    def run(self) -> dict[str, Any]:
+    def run(self, stop_after: str | None = None) -> dict[str, Any]:
+        """Runs the phases not done yet; returns the evaluations so far.
+
+        ``stop_after="sft"``: stop once SFT is done and checkpointed (with its evaluation), the
+        RL phase not begun: an SFT start that other runs resume from with other RL settings
+        (``launch.study``'s ``shared_sft``)."""
+        if stop_after not in (None, "sft"):
+            raise ValueError(f"stop_after={stop_after!r}; expected None or 'sft'")
         self.restore()
         if self.run_state.phase == "sft":
             self.run_sft()
+        if stop_after == "sft":
+            self.checkpointer.wait()
+            return self.run_state.evals
         if self.run_state.phase == "rl":
             self.run_rl()
         self.checkpointer.wait()
