@@ -192,6 +192,23 @@ def _played(split, task_id, won, group=0):
     return Trajectory(Task("scripted", split, task_id), group, steps=[step], won=won)
 
 
+def test_loop_rate_counts_steps_that_repeat_a_state_and_action():
+    """``go to drawer 1, open, close`` twice over from the same state: the second round's three
+    steps are loop steps; the same action from another state is not."""
+
+    def episode(*pairs):
+        steps = [Step([1], list(action), [0.0], state_key=key) for key, action in pairs]
+        return Trajectory(_task("g/0"), 0, steps=steps)
+
+    go, open_, close, other = (5,), (6,), (7,), (8,)
+    looping = episode((1, go), (2, open_), (3, close), (1, go), (2, open_), (3, close), (1, other))
+    fresh = episode((1, go), (2, go), (3, go))  # the same command from three states
+    result = summarize([looping, fresh], greedy=True, num_tasks=2)
+    assert result.overall.loop_rate == pytest.approx(3 / 10)
+    assert EvalResult.from_json(json.loads(json.dumps(result.to_json()))) == result
+    assert "| loop steps |" in markdown_table(result) and "| 30.0% |" in markdown_table(result)
+
+
 def test_outcomes_are_keyed_by_split_and_task_id():
     """Two splits may name a game alike (``g0`` of valid and of test): a result keeps each
     outcome's split, and two results pair the same game of the same split."""
@@ -255,8 +272,9 @@ def test_reports_json_and_markdown(tmp_path, greedy):
     assert data["per_type"]["medium"]["infra_failures"] == 2
     md = pathlib.Path(md_path).read_text()
     assert md.startswith("# Evaluation: valid_simple\n")
-    assert "| simple | 3 | 33.3% | [6.1, 79.2] | 3.00 | 0.583 | 55.6% | 0 |" in md
-    assert "| **all** | 5 | 60.0% | [23.1, 88.2] | 2.20 | 0.750 | 63.6% | 2 |" in md
+    # Loop steps 0.0%: every step of the pool's episodes comes from a state of its own.
+    assert "| simple | 3 | 33.3% | [6.1, 79.2] | 3.00 | 0.583 | 55.6% | 0.0% | 0 |" in md
+    assert "| **all** | 5 | 60.0% | [23.1, 88.2] | 2.20 | 0.750 | 63.6% | 0.0% | 2 |" in md
     # How it was measured: split, games, decoding, temperature, seed; and each interval.
     assert "7 valid games, free decoding, greedy; 95% Wilson intervals." in md
     assert (data["split"], data["decoding"], data["temperature"], data["seed"]) == (
@@ -275,7 +293,7 @@ def test_reports_json_and_markdown(tmp_path, greedy):
     assert math.isnan(empty.success_rate)
     write_report(empty, tmp_path, "empty")
     assert json.loads((tmp_path / "empty.json").read_text())["overall"]["success_rate"] is None
-    assert "| **all** | 0 | n/a | n/a | n/a | n/a | n/a | 1 |" in markdown_table(empty)
+    assert "| **all** | 0 | n/a | n/a | n/a | n/a | n/a | n/a | 1 |" in markdown_table(empty)
     with pytest.raises(ValueError, match="plain file stem"):
         write_report(result, tmp_path, "a/b")
 

@@ -110,15 +110,16 @@ def markdown_table(result: EvalResult) -> str:
     """One row per task type, then the overall row."""
     lines = [
         "| task type | episodes | success | 95% CI | mean steps | mean return | invalid actions "
-        "| infra failures |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| loop steps | infra failures |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     rows = [*result.per_type.items(), ("**all**", result.overall)]
     for label, s in rows:
         lines.append(
             f"| {label} | {s.episodes} | {_pct(s.success_rate)} "
             f"| {stats_lib.fmt_interval(*s.interval)} | {_num(s.mean_steps)} "
-            f"| {_num(s.mean_return, 3)} | {_pct(s.invalid_action_rate)} | {s.infra_failures} |"
+            f"| {_num(s.mean_return, 3)} | {_pct(s.invalid_action_rate)} | {_pct(s.loop_rate)} "
+            f"| {s.infra_failures} |"
         )
     lines.append(f"\n{result.protocol}; {_interval_note([result])}.")
     return "\n".join(lines)

@@ -65,6 +65,9 @@ class Stats:
         report written before it was kept).
       design_effect: of the success rate, the counted episodes clustered by game
         (``stats.design_effect``): 1 with one episode per game.
+      loop_rate: share of counted steps that repeat an earlier step of their episode, the same
+        action from the same state (``state_key``; the same action alone where an env keys no
+        state): the steps an agent spends going round in circles.
     """
 
     episodes: int
@@ -77,6 +80,7 @@ class Stats:
     infra_failures: int
     games: int = 0
     design_effect: float = 1.0
+    loop_rate: float = float("nan")
 
     @property
     def interval(self) -> tuple[float, float]:
@@ -90,6 +94,7 @@ class Stats:
         n = len(counted)
         steps = sum(len(t.steps) for t in counted)
         invalid = sum(bool(s.info.get("invalid_action", False)) for t in counted for s in t.steps)
+        loops = sum(_repeated_steps(t) for t in counted)
         wins = sum(t.won for t in counted)
         per_game: dict[tuple[str, str], list[int]] = {}  # (split, task id) -> [wins, episodes]
         for t in counted:
@@ -110,7 +115,19 @@ class Stats:
             design_effect=stats_lib.design_effect(
                 [w for w, _ in per_game.values()], [m for _, m in per_game.values()]
             ),
+            loop_rate=loops / steps if steps else nan,
         )
+
+
+def _repeated_steps(traj: Trajectory) -> int:
+    """Steps of ``traj`` whose (state, action) an earlier step of it already took."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    repeats = 0
+    for step in traj.steps:
+        key = (step.state_key, tuple(step.action_ids))
+        repeats += key in seen
+        seen.add(key)
+    return repeats
 
 
 DECODING_MODES = ("free", "constrained")
