@@ -193,6 +193,46 @@ def test_aggregate_means_over_seeds_and_differences_paired_by_seed(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_results_give_success_per_task_type_and_wall_time_per_cell(tmp_path):
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'grpo': {}, "
+        "'gigpo': {'rl.algo': 'gigpo'}}, seeds=(0, 1), evaluation=dict(num_tasks=100), "
+        "shared_sft=('grpo', 'gigpo'))",
+    )
+    study = study_lib.load_study(path)
+
+    def cell(heat, cool, wall):
+        c = _cell(0.5)
+        c["levels"]["simple@test"]["per_type"] = {
+            "pick_cool": {"after_sft": [0, 10], "final": [cool, 10]},
+            "pick_heat": {"after_sft": [1, 20], "final": [heat, 20]},
+        }
+        return dict(c, wall_s=wall, sft_start_s=3600.0)
+
+    cells = {("grpo", 0): cell(4, 1, 1800.0), ("grpo", 1): cell(6, 3, 2400.0)}
+    cells |= {("gigpo", 0): cell(10, 0, 3000.0)}
+    results = study_lib.aggregate(study, cells)
+    per_type = results["variants"]["grpo"]["levels"]["simple@test"]["per_type"]
+    assert per_type["pick_heat"] == {"seeds": 2, "episodes": 40, "mean": pytest.approx(0.25)}
+    assert per_type["pick_cool"]["mean"] == pytest.approx(0.2)
+    assert results["variants"]["grpo"]["cell_s"] == pytest.approx(2100.0)
+    md = study_lib.results_markdown(results)
+    assert "| grpo | simple@test | pick_heat | 2 | 40 | 25.0% |" in md
+    assert "| gigpo | simple@test | pick_cool | 1 | 10 | 0.0% |" in md
+    assert "| grpo | 35 min | 1h00 |" in md and "| gigpo | 50 min | 1h00 |" in md
+
+
+def test_an_evaluation_level_may_name_its_own_split(tmp_path):
+    path = _write_study(
+        tmp_path,
+        "dict(baseline='configs/tiny_textworld.py:test', variants={'a': {}}, seeds=(0,), "
+        "evaluation=dict(split='test', num_tasks=3, levels=('simple', 'medium@valid')))",
+    )
+    cd = study_lib.cell_config(study_lib.load_study(path), "a", 0)
+    assert tuple(cd.env.report_levels) == ("simple@test", "medium@valid")
+
+
 def _fake_cells(tmp_path, monkeypatch, fail_variant=None):
     """Cells that "train" in a blink: each copies a prepared report.json into its run folder
     (rloo: 3 of 4 games won after RL, grpo and any other variant: 2 of 4) and logs that it
@@ -391,6 +431,9 @@ def test_shared_sft_cells_resume_one_sft_start_per_seed(tmp_path, monkeypatch):
     cell = workdir / "cells" / "rloo" / "seed-1"
     assert (cell / "run" / "sft.txt").read_text() == str(start)  # the start's copy
     assert (cell / "sft_from").read_text().strip() == str(start)
+    result = json.loads((cell / "result.json").read_text())
+    assert result["sft_start_s"] == json.loads((start / "result.json").read_text())["wall_s"] > 0
+    assert result["wall_s"] > 0
     assert (start / "cell_config.json").read_text() == (
         workdir / "cells" / "grpo" / "seed-1" / "cell_config.json"
     ).read_text()

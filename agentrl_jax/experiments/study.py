@@ -407,6 +407,8 @@ def run_study(
                 log(f"  FAILED {name}: exit status {proc.returncode}; see {folder}/train.log")
                 continue
             if kind == "start":
+                wall = json.dumps({"wall_s": time.monotonic() - t0})
+                write_atomic(os.path.join(folder, "result.json"), wall + "\n")
                 write_atomic(os.path.join(folder, "done"), time.ctime() + "\n")
                 log(f"  done {name} in {_duration(time.monotonic() - t0)}")
                 continue
@@ -415,6 +417,10 @@ def run_study(
                 env.name, env.report_levels, env.eval_levels, env.num_report_tasks
             )
             result = collect_cell(os.path.join(folder, "run"), levels)
+            result["wall_s"] = time.monotonic() - t0
+            if key[0] in shared:
+                with open(os.path.join(start_dir(workdir, key[1]), "result.json")) as f:
+                    result["sft_start_s"] = json.load(f)["wall_s"]
             write_atomic(os.path.join(folder, "result.json"), json.dumps(result, indent=2) + "\n")
             write_atomic(os.path.join(folder, "done"), time.ctime() + "\n")
             durations.append(time.monotonic() - t0)

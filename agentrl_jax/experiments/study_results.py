@@ -57,6 +57,16 @@ def collect_cell(run_dir: str, levels: Sequence[str]) -> dict[str, Any]:
                 a.overall.wins, a.overall.episodes, design_effect=a.overall.design_effect
             ),
             "gain": evaluation.paired_gain(b, a).to_json(),
+            # Per task type (ALFWorld's six, TextWorld's level): wins of episodes, before / after.
+            "per_type": {
+                t: {
+                    "after_sft": [b.per_type[t].wins, b.per_type[t].episodes]
+                    if t in b.per_type
+                    else None,
+                    "final": [s.wins, s.episodes],
+                }
+                for t, s in a.per_type.items()
+            },
         }
     scalars = read_scalars(os.path.join(run_dir, "tensorboard"))
     to_episodes, _ = rl_episode_axis(scalars)
@@ -146,14 +156,37 @@ def aggregate(study: Study, cells: dict[tuple[str, int], dict[str, Any]]) -> dic
                     "low": d_low,
                     "high": d_high,
                 }
+            # Final success per task type: the mean over seeds of each seed's rate.
+            types = sorted(
+                {t for c in mine.values() for t in c["levels"].get(level, {}).get("per_type", {})}
+            )
+            entry["per_type"] = {}
+            for t in types:
+                finals = [
+                    c["levels"][level]["per_type"][t]["final"]
+                    for c in mine.values()
+                    if t in c["levels"].get(level, {}).get("per_type", {})
+                ]
+                rates = [w / n for w, n in finals if n]
+                entry["per_type"][t] = {
+                    "seeds": len(rates),
+                    "episodes": sum(n for _, n in finals),
+                    "mean": sum(rates) / len(rates) if rates else None,
+                }
             per_level[level] = _nulls(entry)
         walls = [c["iteration_s"] for c in mine.values() if c.get("iteration_s") is not None]
+        cell_walls = [c["wall_s"] for c in mine.values() if c.get("wall_s") is not None]
+        start_walls = [c["sft_start_s"] for c in mine.values() if c.get("sft_start_s")]
         out["variants"][variant] = {
             "overrides": overrides,
             "cells_done": len(mine),
             "levels": per_level,
             # The seeds' median RL iteration, averaged; wall time on the machine that ran it.
             "iteration_s": sum(walls) / len(walls) if walls else None,
+            # A cell's wall time from start to end, averaged over the seeds (a shared_sft cell's
+            # own: its seed's SFT start is sft_start_s, paid once for the seed's shared cells).
+            "cell_s": sum(cell_walls) / len(cell_walls) if cell_walls else None,
+            "sft_start_s": sum(start_walls) / len(start_walls) if start_walls else None,
         }
     return out
 
@@ -172,6 +205,13 @@ def _pct(x: float | None, sign: bool = False) -> str:
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return "n/a"
     return f"{100 * x:+.1f}" if sign else f"{100 * x:.1f}%"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "n/a"
+    minutes = round(seconds / 60)
+    return f"{minutes // 60}h{minutes % 60:02d}" if minutes >= 60 else f"{minutes} min"
 
 
 def _ci(low: float | None, high: float | None) -> str:
@@ -237,6 +277,38 @@ def results_markdown(results: dict[str, Any]) -> str:
             "|---|---:|",
         ]
         lines += [f"| {v} | {'n/a' if w is None else f'{w:.1f}'} |" for v, w in walls.items()]
+    cells = {v: (e.get("cell_s"), e.get("sft_start_s")) for v, e in results["variants"].items()}
+    if any(c is not None for c, _ in cells.values()):
+        lines += [
+            "",
+            "Wall time per cell (mean over the seeds; a `shared_sft` cell's own, then its seed's "
+            "SFT start, which the seed's shared cells share):",
+            "",
+            "| variant | cell | its SFT start |",
+            "|---|---:|---:|",
+        ]
+        lines += [
+            f"| {v} | {_duration(c)} | {_duration(start) if start else '(in the cell)'} |"
+            for v, (c, start) in cells.items()
+        ]
+    per_type = [
+        (variant, level, t, e)
+        for variant, v in results["variants"].items()
+        for level, lv in v["levels"].items()
+        for t, e in lv.get("per_type", {}).items()
+    ]
+    if len({t for *_, t, _ in per_type}) > 1:
+        lines += [
+            "",
+            "Final success per task type (mean over seeds of each seed's rate; episodes summed):",
+            "",
+            "| variant | level | task type | seeds | episodes | success (mean) |",
+            "|---|---|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {variant} | {level} | {t} | {e['seeds']} | {e['episodes']} | {_pct(e['mean'])} |"
+            for variant, level, t, e in per_type
+        ]
     lines += [
         "",
         "## Cells",

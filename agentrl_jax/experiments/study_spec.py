@@ -13,10 +13,11 @@ A study file (``configs/studies/NAME.py``) defines ``get_study()`` returning a d
     shared_sft=("grpo", "rloo")                   # optional: these variants start RL from one
                                                   # SFT run per seed
 
-``evaluation`` sets the cells' report (``env.report_levels`` on ``split``, ``num_tasks`` games per
-level, ``env.num_report_tasks``): every cell's before/after numbers are on those games, greedy.
-``decoding`` sets ``rollout.constrain_actions`` for the whole cell (the trainer acts and
-evaluates with the same decoding). Tuning and checkpoint selection inside a cell still read the
+``evaluation`` sets the cells' report (``env.report_levels`` on ``split``, or on the split a level
+names, as in ``"all@valid_seen"``; ``num_tasks`` games per level, ``env.num_report_tasks``):
+every cell's before/after numbers are on those games, greedy. ``decoding`` sets
+``rollout.constrain_actions`` for the whole cell (the trainer acts and evaluates with the same
+decoding). Tuning and checkpoint selection inside a cell still read the
 config's ``valid`` evaluations.
 
 ``shared_sft`` names variants that differ in RL settings only (``rl.*`` overrides): per seed, one
@@ -215,7 +216,10 @@ def cell_config(study: Study, variant: str, seed: int):
     }
     with cd.unlocked():
         levels = ev.levels or tuple(lv.partition("@")[0] for lv in cd.env.eval_levels)
-        settings["env.report_levels"] = tuple(f"{lv}@{ev.split}" for lv in levels)
+        # A level names its own split (``all@valid_seen``) or is on the evaluation's split.
+        settings["env.report_levels"] = tuple(
+            lv if "@" in lv else f"{lv}@{ev.split}" for lv in levels
+        )
         if ev.decoding:
             settings["rollout.constrain_actions"] = ev.decoding == "constrained"
         for key, value in settings.items():
