@@ -40,8 +40,8 @@ class Step:
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
     # The newest observation turn, as read: the last len(obs_ids) ids of prompt_ids.
     obs_ids: list[int] = dataclasses.field(default_factory=list)
-    # The policy that sampled the action: the RL updates it had had (asynchronous RL's
-    # staleness is the learner's updates minus this).
+    # The policy that sampled the action: its RL version (asynchronous RL's
+    # ``rollout/staleness`` is the learner's version minus this, the mean over the steps).
     policy_version: int = 0
 
 

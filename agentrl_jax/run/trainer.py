@@ -124,32 +124,38 @@ def _tag_version(trajs: list[Trajectory], version: int) -> None:
             step.policy_version = version
 
 
+def staleness_metrics(trajs: list[Trajectory], version: int) -> dict[str, float]:
+    """``rollout/staleness``: how many versions the policy that played the steps of ``trajs``
+    lags behind ``version`` (the learner's), the mean over their steps, each read from its
+    ``Step.policy_version``; nothing when there is no step."""
+    played = [s.policy_version for t in trajs for s in t.steps]
+    return {"rollout/staleness": float(version - np.mean(played))} if played else {}
+
+
 @dataclasses.dataclass
 class PendingRollout:
     """An iteration's rollout played ahead of its update (asynchronous RL).
 
     Attributes:
       iteration: the RL iteration whose update trains on it.
-      version: the RL updates the policy that played it had had.
-      trajs: its episodes.
+      trajs: its episodes, each step tagged with the version of the policy that played it
+        (``Step.policy_version``).
       rng_state: the iteration's numpy generator after its task draws (the update draws on).
       seconds: the rollout's wall seconds.
     """
 
     iteration: int
-    version: int
     trajs: list[Trajectory]
     rng_state: dict[str, Any]
     seconds: float
 
     @classmethod
-    def of(cls, it, version, trajs, np_rng: np.random.Generator, seconds) -> PendingRollout:
-        return cls(it, version, trajs, np_rng.bit_generator.state, seconds)
+    def of(cls, it, trajs, np_rng: np.random.Generator, seconds) -> PendingRollout:
+        return cls(it, trajs, np_rng.bit_generator.state, seconds)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "iteration": self.iteration,
-            "version": self.version,
             "trajs": [t.to_json() for t in self.trajs],
             "rng_state": self.rng_state,
             "seconds": self.seconds,
@@ -158,7 +164,7 @@ class PendingRollout:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PendingRollout:
         trajs = [Trajectory.from_json(t) for t in data["trajs"]]
-        return cls(data["iteration"], data["version"], trajs, data["rng_state"], data["seconds"])
+        return cls(data["iteration"], trajs, data["rng_state"], data["seconds"])
 
 
 class Trainer:
@@ -529,12 +535,14 @@ class Trainer:
         if self.config.rollout.max_staleness:
             return self.async_iteration(it)
         tasks, rng, np_rng = self._iteration_draws(it)
-        trajs, seconds = self._play(tasks, rng)
-        _tag_version(trajs, it)
+        trajs, seconds = self._play(tasks, rng, version=it)
         return self._learn(it, trajs, np_rng, seconds)
 
-    def _play(self, tasks: list[Task], rng: jax.Array) -> tuple[list[Trajectory], float]:
-        """An RL rollout of ``tasks`` by the current policy, now; its episodes and seconds.
+    def _play(
+        self, tasks: list[Task], rng: jax.Array, version: int
+    ) -> tuple[list[Trajectory], float]:
+        """An RL rollout of ``tasks`` by the current policy (RL version ``version``, which its
+        steps are tagged with), now; its episodes and seconds.
 
         text: its own seconds (rendering, encoding, contexts, decoding); the sampler's copy of
         the policy is released on exit, so it is not held through the update."""
@@ -543,6 +551,7 @@ class Trainer:
         with self.policy_in_sampler(), timing.phase("text"), bar as progress:
             sampling = rl_sampling(self.config)
             trajs = self.worker.run(tasks, rng, sampling=sampling, progress=progress)
+        _tag_version(trajs, version)
         return trajs, time.perf_counter() - t0
 
     def _iteration_draws(self, it: int) -> tuple[list[Task], jax.Array, np.random.Generator]:
@@ -595,8 +604,8 @@ class Trainer:
         """Iteration ``it``'s rollout, played now by the current policy (RL version
         ``version``)."""
         tasks, rng, np_rng = self._iteration_draws(it)
-        trajs, seconds = self._play(tasks, rng)
-        return PendingRollout.of(it, version, trajs, np_rng, seconds)
+        trajs, seconds = self._play(tasks, rng, version)
+        return PendingRollout.of(it, trajs, np_rng, seconds)
 
     def _start_ahead(self, it: int, version: int):
         """Iteration ``it``'s rollout, started in a background thread by the current policy:
@@ -614,7 +623,8 @@ class Trainer:
                 trajs = self.worker.run(tasks, rng, sampling=sampling, gather=False)
             finally:
                 self.sampler.release()
-            return PendingRollout.of(it, version, trajs, np_rng, time.perf_counter() - t0)
+            _tag_version(trajs, version)
+            return PendingRollout.of(it, trajs, np_rng, time.perf_counter() - t0)
 
         return self._background.submit(play)
 
@@ -623,14 +633,11 @@ class Trainer:
         return futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-rollout")
 
     def _learn_pending(self, it: int, pending: PendingRollout) -> dict[str, float]:
-        """The update on a rollout played ahead: its steps tagged with their policy's version,
-        the iteration's numpy generator where its task draws left it."""
-        _tag_version(pending.trajs, pending.version)
+        """The update on a rollout played ahead, the iteration's numpy generator where its task
+        draws left it."""
         np_rng = np.random.default_rng()
         np_rng.bit_generator.state = pending.rng_state
-        metrics = self._learn(it, pending.trajs, np_rng, pending.seconds)
-        metrics["rollout/staleness"] = float(it - pending.version)
-        return metrics
+        return self._learn(it, pending.trajs, np_rng, pending.seconds)
 
     def _learn(
         self, it: int, trajs: list[Trajectory], np_rng: np.random.Generator, t_rollout: float
@@ -639,6 +646,8 @@ class Trainer:
         rl = self.config.rl
         good = [t for t in trajs if not t.infra_failure and t.steps]
         metrics = rollout_metrics(trajs)
+        if self.config.rollout.max_staleness:
+            metrics.update(staleness_metrics(trajs, it))
         metrics["curriculum/stage"] = float(self.curriculum.stage)
         if not good:
             logging.warning(
