@@ -29,6 +29,7 @@ from agentrl_jax.rollout.rollout import RolloutWorker
 from agentrl_jax.run import eval_report, evaluation
 from agentrl_jax.run.build import model_config, rl_learner, rl_sampling
 from agentrl_jax.run.config import from_config_dict
+from agentrl_jax.run.state import RunState
 from agentrl_jax.run.trainer import Trainer
 from agentrl_jax.sampling import Sampler, StopConfig
 
@@ -138,6 +139,7 @@ def chaos_trainer(tmp_path_factory):
         local_mesh=None,
         rollout_mesh=None,
         curriculum=Curriculum(config.curriculum),
+        run_state=RunState(phase="rl"),
         rl_tasks=TASKS,
     )
     for name in (

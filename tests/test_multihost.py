@@ -250,6 +250,7 @@ def test_async_rl_gathers_the_rollout_played_ahead_on_the_main_thread(worker_par
     collective ever runs beside the update's (whose order must be the same on every host).
     Each update trains on the gathered episodes of its own iteration."""
     from agentrl_jax.run.config import from_config_dict
+    from agentrl_jax.run.state import RunState
     from agentrl_jax.run.trainer import Trainer
 
     pool, sampler, tok, template, config = worker_parts
@@ -263,6 +264,7 @@ def test_async_rl_gathers_the_rollout_played_ahead_on_the_main_thread(worker_par
     trainer.config, trainer.worker, trainer.sampler = run_config, worker, sampler
     trainer.curriculum = Curriculum(run_config.curriculum)
     trainer.pending = {}
+    trainer.run_state = RunState(phase="rl")
     trainer.__dict__["rl_tasks"] = {
         level: [Task("scripted", "train", str(i)) for i in range(5)]
         for level in run_config.env.train_levels

@@ -19,6 +19,7 @@ from agentrl_jax.rl.sft_data import SftDataConfig, SftDataset
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run.config import from_config_dict, load_config_file
+from agentrl_jax.run.state import RunState
 from agentrl_jax.run.trainer import Trainer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,6 +61,7 @@ def _run(seed):
         train_tasks=tasks,
         rl_tasks=tasks,
         curriculum=Curriculum(config.curriculum),
+        run_state=RunState(phase="rl"),
         policy_in_sampler=contextlib.nullcontext,
         worker=types.SimpleNamespace(run=stop),
     )

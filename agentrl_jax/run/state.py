@@ -40,6 +40,8 @@ class RunState:
     Attributes:
       phase: ``"sft"``, ``"rl"`` (SFT done, RL iterations to go) or ``"done"``.
       rl_iteration: RL iterations done.
+      policy_version: RL updates applied to the policy (an iteration without a usable episode
+        applies none); the steps of a rollout are tagged with it (``Step.policy_version``).
       evals: the evaluations so far, by name (``after_sft``, ``rl_4``, ``after_rl``, ...): for
         each level its ``EvalResult`` as JSON (``EvalResult.from_json`` reads it back).
       checkpoint: the number of the last checkpoint written (-1: none yet).
@@ -52,6 +54,7 @@ class RunState:
 
     phase: Phase = "sft"
     rl_iteration: int = 0
+    policy_version: int = 0
     evals: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     checkpoint: int = -1
     sft_iterator: dict[str, Any] | None = None
@@ -78,6 +81,8 @@ class RunState:
             "rl_iteration": self.rl_iteration,
             "evals": copy.deepcopy(self.evals),
         }
+        if self.policy_version:
+            out["policy_version"] = self.policy_version
         if self.checkpoint >= 0:
             out["checkpoint"] = self.checkpoint
         if self.sft_iterator is not None:
@@ -92,6 +97,7 @@ class RunState:
         return cls(
             phase=data["phase"],
             rl_iteration=int(data["rl_iteration"]),
+            policy_version=int(data.get("policy_version", 0)),
             evals=copy.deepcopy(dict(data.get("evals", {}))),
             checkpoint=int(data.get("checkpoint", -1)),
             sft_iterator=copy.deepcopy(data.get("sft_iterator")),

@@ -535,7 +535,7 @@ class Trainer:
         if self.config.rollout.max_staleness:
             return self.async_iteration(it)
         tasks, rng, np_rng = self._iteration_draws(it)
-        trajs, seconds = self._play(tasks, rng, version=it)
+        trajs, seconds = self._play(tasks, rng, self.run_state.policy_version)
         return self._learn(it, trajs, np_rng, seconds)
 
     def _play(
@@ -582,11 +582,11 @@ class Trainer:
         stale, total = self.config.rollout.max_staleness, self.num_rl_iterations()
         for ahead in range(it, min(it + stale, total)):
             if ahead not in self.pending:
-                self.pending[ahead] = self._play_ahead(ahead, version=it)
+                self.pending[ahead] = self._play_ahead(ahead, self.run_state.policy_version)
         ahead = it + stale
         if ahead >= total:
             return self._learn_pending(it, self.pending.pop(it))
-        playing = self._start_ahead(ahead, version=it)
+        playing = self._start_ahead(ahead, self.run_state.policy_version)
         try:
             metrics = self._learn_pending(it, self.pending.pop(it))
         finally:
@@ -647,7 +647,7 @@ class Trainer:
         good = [t for t in trajs if not t.infra_failure and t.steps]
         metrics = rollout_metrics(trajs)
         if self.config.rollout.max_staleness:
-            metrics.update(staleness_metrics(trajs, it))
+            metrics.update(staleness_metrics(trajs, self.run_state.policy_version))
         metrics["curriculum/stage"] = float(self.curriculum.stage)
         if not good:
             logging.warning(
@@ -663,6 +663,7 @@ class Trainer:
         if self.learner.lora and self.learner.spec.kl.needs_reference:
             ref = self.learner.base_state(self.state.policy)  # the state's own base arrays
         self.state, update_metrics = self.rl_update(self.state, ref, good, np_rng, it)
+        self.run_state.policy_version += 1
         t_update = time.perf_counter() - t1
         with timing.phase("log"):
             self.curriculum.update([t.won for t in good])
