@@ -18,6 +18,11 @@ the phase that called the program.)
 callers block on the outputs, which they read next anyway). Their share of the wall time is the
 device's busy fraction (``IterationProfile.device_busy_fraction``); on an accelerator the rest is
 host time during which the device is idle.
+
+A thread that works beside the timed one (asynchronous RL's rollout played ahead) runs a clock of
+its own, handed to the iteration's with ``add_background``: its phases are reported under
+``background/`` and left out of the coverage (they overlap the main thread's), and its device
+phases count as busy where they ran outside the main thread's (``background_busy_s``).
 """
 
 from __future__ import annotations
@@ -61,6 +66,9 @@ class PhaseClock:
         self.cache_hits = 0
         self.started = time.perf_counter()
         self._open: list[list] = []  # [path, children's seconds, scope] of each open phase
+        # (start, end) of each device phase, and its own seconds over that span's length.
+        self.device_spans: list[tuple[float, float, float]] = []
+        self.background: PhaseClock | None = None  # add_background's clocks, merged
 
     @contextlib.contextmanager
     def running(self) -> Iterator[PhaseClock]:
@@ -82,13 +90,36 @@ class PhaseClock:
         try:
             yield
         finally:
-            self._close(time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            own = self._close(t1 - t0)
+            if name in DEVICE_PHASES and t1 > t0:
+                self.device_spans.append((t0, t1, own / (t1 - t0)))
 
-    def _close(self, elapsed: float) -> None:
+    def _close(self, elapsed: float) -> float:
         path, children, _ = self._open.pop()
         self.seconds[path] += elapsed - children
         if self._open:
             self._open[-1][1] += elapsed
+        return elapsed - children
+
+    def add_background(self, other: PhaseClock) -> None:
+        """Adds the phases of ``other``, a clock run by a thread beside this one's (its seconds
+        overlap this clock's), as this clock's background."""
+        if self.background is None:
+            self.background = PhaseClock()
+        for path, seconds in other.seconds.items():
+            self.background.seconds[path] += seconds
+        self.background.device_spans += other.device_spans
+        self.compilations += other.compilations
+        self.cache_hits += other.cache_hits
+
+    def background_busy_s(self) -> float:
+        """The background's device seconds that ran while no device phase of this clock did
+        (each span weighted by its own share: a compilation inside it is not device time)."""
+        if self.background is None:
+            return 0.0
+        cover = _union([(a, b) for a, b, _ in self.device_spans])
+        return sum(share * _outside(a, b, cover) for a, b, share in self.background.device_spans)
 
     def _compiled(self, seconds: float) -> None:
         """An XLA compilation of ``seconds`` inside the open phase: moved to ``compile``."""
@@ -108,6 +139,30 @@ class PhaseClock:
 
     def as_dict(self) -> dict[str, float]:
         return dict(sorted(self.seconds.items()))
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The disjoint spans that cover ``spans``, in order."""
+    out: list[tuple[float, float]] = []
+    for a, b in sorted(spans):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _outside(a: float, b: float, cover: list[tuple[float, float]]) -> float:
+    """The length of [a, b] outside the disjoint spans ``cover``."""
+    inside = sum(max(0.0, min(b, d) - max(a, c)) for c, d in cover)
+    return (b - a) - inside
+
+
+def add_background(clock: PhaseClock) -> None:
+    """Adds ``clock`` (a background thread's) to the running clock (no-op without one)."""
+    current = _current.get()
+    if current is not None:
+        current.add_background(clock)
 
 
 def phase(name: str, *, scope: bool = False) -> contextlib.AbstractContextManager:
@@ -172,8 +227,12 @@ class IterationProfile:
       iteration: its number (1-based, as logged).
       wall_s: its wall-clock seconds.
       phases: phase path -> seconds of its own (``PhaseClock.seconds``).
+      phases: phase path -> seconds of its own (``PhaseClock.seconds``); a background
+        thread's under ``background/`` (``PhaseClock.add_background``).
       compilations: XLA programs compiled or loaded from the persistent cache during it.
       cache_hits: of those, loaded from the cache.
+      background_busy_s: a background thread's device seconds outside the main thread's
+        device phases (``PhaseClock.background_busy_s``).
     """
 
     iteration: int
@@ -181,20 +240,39 @@ class IterationProfile:
     phases: dict[str, float]
     compilations: int
     cache_hits: int
+    background_busy_s: float = 0.0
 
     @classmethod
     def of(cls, iteration: int, wall_s: float, clock: PhaseClock) -> IterationProfile:
-        return cls(iteration, wall_s, clock.as_dict(), clock.compilations, clock.cache_hits)
+        phases = clock.as_dict()
+        if clock.background is not None:
+            phases.update({f"background/{p}": s for p, s in clock.background.as_dict().items()})
+        return cls(
+            iteration,
+            wall_s,
+            phases,
+            clock.compilations,
+            clock.cache_hits,
+            clock.background_busy_s(),
+        )
 
     @property
     def coverage(self) -> float:
-        """The phases' seconds over the wall time (1: every second is in a phase)."""
-        return sum(self.phases.values()) / self.wall_s if self.wall_s else 0.0
+        """The main thread's phases' seconds over the wall time (1: every second is in a
+        phase)."""
+        own = sum(s for p, s in self.phases.items() if not p.startswith("background/"))
+        return own / self.wall_s if self.wall_s else 0.0
 
     @property
     def device_busy_fraction(self) -> float:
-        """Seconds of device programs running over the wall time."""
-        busy = sum(s for p, s in self.phases.items() if p.rsplit("/", 1)[-1] in DEVICE_PHASES)
+        """Seconds of device programs running over the wall time: the main thread's device
+        phases, and a background thread's where they ran outside those."""
+        busy = sum(
+            s
+            for p, s in self.phases.items()
+            if p.rsplit("/", 1)[-1] in DEVICE_PHASES and not p.startswith("background/")
+        )
+        busy += self.background_busy_s
         return busy / self.wall_s if self.wall_s else 0.0
 
 

@@ -1,5 +1,6 @@
 """Phase clocks: nested phases count each second once, scopes, and compilations moved out."""
 
+import threading
 import time
 
 import jax
@@ -71,6 +72,34 @@ def test_iteration_profile_coverage_and_busy_fraction():
     assert profile.device_busy_fraction == pytest.approx(0.6)  # sample, update, evaluate/sample
     metrics = timing.phase_metrics(timing.PhaseClock())
     assert metrics["perf/device_busy_fraction"] == 0.0
+
+
+def test_a_background_threads_device_time_counts_where_the_main_threads_does_not():
+    """Asynchronous RL: the rollout played ahead samples in a thread of its own while the main
+    thread updates, then waits for it. The device is busy the whole time: the update's seconds
+    and the background's sampling after the update ends, counted once."""
+    timing.install_listeners()  # imports jax.monitoring now, not inside a timed phase
+    clock = timing.PhaseClock()
+    background = timing.PhaseClock()
+
+    def play():
+        with background.running(), timing.phase("sample"):
+            time.sleep(0.3)
+
+    with clock.running():
+        thread = threading.Thread(target=play)
+        thread.start()
+        with timing.phase("update"):
+            time.sleep(0.1)
+        with timing.phase("rollout_wait"):
+            thread.join()
+        timing.add_background(background)
+    profile = timing.IterationProfile.of(1, clock.elapsed(), clock)
+    assert profile.phases["background/sample"] == pytest.approx(0.3, abs=0.05)
+    assert profile.background_busy_s == pytest.approx(0.2, abs=0.05)  # after the update
+    assert profile.device_busy_fraction == pytest.approx(1.0, abs=0.15)
+    assert profile.coverage == pytest.approx(1.0, abs=0.15)  # the background's not twice
+    assert timing.phase_metrics(clock)["perf/device_busy_fraction"] == pytest.approx(1.0, abs=0.15)
 
 
 def test_compile_cache_folder_default_and_off(monkeypatch, tmp_path):

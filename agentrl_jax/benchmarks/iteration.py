@@ -203,7 +203,8 @@ def summarize(profiles: list[dict]) -> dict[str, Any]:
     walls = [p["wall_s"] for p in profiles]
     names = sorted({name for p in profiles for name in p["phases"]})
     phases = {n: statistics.fmean(p["phases"].get(n, 0.0) for p in profiles) for n in names}
-    mean = IterationProfile(0, statistics.fmean(walls), phases, 0, 0)  # the mean iteration
+    background = statistics.fmean(p.get("background_busy_s", 0.0) for p in profiles)
+    mean = IterationProfile(0, statistics.fmean(walls), phases, 0, 0, background)  # the mean
     return {
         "median_s": statistics.median(walls),
         "mean_s": mean.wall_s,

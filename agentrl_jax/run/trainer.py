@@ -592,8 +592,9 @@ class Trainer:
         finally:
             t0 = time.perf_counter()
             with timing.phase("rollout_wait"):
-                played = playing.result()  # no rollout in flight past this iteration
+                played, clock = playing.result()  # no rollout in flight past this iteration
             waited = time.perf_counter() - t0
+        timing.add_background(clock)  # its device time counts in perf/device_busy_fraction
         with timing.phase("transfer"):
             played.trajs = self.worker.gather(played.trajs)  # a collective: every process's share
         self.pending[ahead] = played
@@ -610,21 +611,23 @@ class Trainer:
     def _start_ahead(self, it: int, version: int):
         """Iteration ``it``'s rollout, started in a background thread by the current policy:
         the sampler gets its own copy of the weights (the update donates the train state's),
-        released when the rollout ends. Returns its future (``PendingRollout``), whose episodes
-        are this process's share only (``RolloutWorker.run(gather=False)``): the caller
-        gathers them on the main thread."""
+        released when the rollout ends. Returns its future (``PendingRollout`` and the thread's
+        ``PhaseClock``), whose episodes are this process's share only
+        (``RolloutWorker.run(gather=False)``): the caller gathers them on the main thread."""
         tasks, rng, np_rng = self._iteration_draws(it)
         self._sync_sampler(copy=True)
         sampling = rl_sampling(self.config)
 
-        def play() -> PendingRollout:
+        def play() -> tuple[PendingRollout, timing.PhaseClock]:
             t0 = time.perf_counter()
+            clock = timing.PhaseClock()  # the iteration's clock adds it when it is done
             try:
-                trajs = self.worker.run(tasks, rng, sampling=sampling, gather=False)
+                with clock.running():
+                    trajs = self.worker.run(tasks, rng, sampling=sampling, gather=False)
             finally:
                 self.sampler.release()
             _tag_version(trajs, version)
-            return PendingRollout.of(it, trajs, np_rng, time.perf_counter() - t0)
+            return PendingRollout.of(it, trajs, np_rng, time.perf_counter() - t0), clock
 
         return self._background.submit(play)
 
