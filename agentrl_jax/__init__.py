@@ -77,29 +77,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from agentrl_jax import _aliases
-
 __version__ = "0.1.0"
-
-# Launch code that moved out of the package to launch/ (issue #33 follow-ups): the old names
-# import as the new modules, with a DeprecationWarning, for one release (as the old modules of
-# the deprecated training package do).
-MOVED_TO_LAUNCH = {
-    "agentrl_jax.launchers": "launch.launchers",
-    "agentrl_jax.run.cli": "launch.cli",
-}
-_aliases.install(
-    MOVED_TO_LAUNCH, 'launch code lives in launch/; docs/architecture.md, "Layout history"'
-)
-
-# Modules that moved down a layer (issue #33 follow-ups), under their old names for one release,
-# warning the same way: the statistics are pure math, among the parts, which the run's evaluation
-# (run/evaluation.py) and the studies both read.
-MOVED_DOWN = {"agentrl_jax.experiments.stats": "agentrl_jax.stats"}
-_aliases.install(
-    MOVED_DOWN,
-    'the statistics are pure math, among the parts; docs/architecture.md, "Layout history"',
-)
 
 # name -> (module, attribute in it); attribute None: the module itself.
 _EXPORTS: dict[str, tuple[str, str | None]] = {
@@ -107,7 +85,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Trainer": ("agentrl_jax.run.trainer", "Trainer"),
     "RunConfig": ("agentrl_jax.run.config", "RunConfig"),
     "ConfigError": ("agentrl_jax.run.config", "ConfigError"),
-    "base_config": ("agentrl_jax.run.defaults", "base_config"),
+    "base_config": ("agentrl_jax.run.config", "base_config"),
     "load_config_file": ("agentrl_jax.run.config", "load_config_file"),
     "from_config_dict": ("agentrl_jax.run.config", "from_config_dict"),
     # Credit assignment and losses.

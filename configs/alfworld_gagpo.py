@@ -19,7 +19,7 @@ device); never ``(16,1,1)``, which replicates the 85 GiB float32 state on every 
 import ml_collections
 from ml_collections import config_dict
 
-from agentrl_jax.run.defaults import base_config
+from agentrl_jax.run.config import base_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -21,7 +21,7 @@ the RL update):
 
 import ml_collections
 
-from agentrl_jax.run.defaults import base_config
+from agentrl_jax.run.config import base_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

@@ -12,7 +12,7 @@ step-wise contexts, for games whose episodes outgrow a whole-episode row (the ``
 
 import ml_collections
 
-from agentrl_jax.run.defaults import base_config
+from agentrl_jax.run.config import base_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:

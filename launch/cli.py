@@ -1,8 +1,7 @@
 """What the command lines share: flag parsing and workdir checks that end in one clear line.
 
 Launch code, beside the entry points that use it (``launch/train.py``, ``eval.py``, ``plan.py``,
-``study.py``); it moved here from ``agentrl_jax/run/cli.py`` (the old name still imports, with a
-DeprecationWarning).
+``study.py``).
 
 A wrong ``--config.<section>.<key>=...`` override or an unusable ``--workdir`` is the user's
 mistake, not the program's: the launchers print one line naming the key or path and what was

@@ -6,7 +6,7 @@ agentrl_jax is one stage of the data flow, and nothing imports from a layer abov
     run          config, the trainer's assembly and phase loop, held-out evaluation and its
                  reports, checkpoints, multi-host, ...
     experiments  learning curves, studies and their tables, the memory plan; benchmarks/ (tooling)
-    api          agentrl_jax/__init__.py (lazy re-exports) and the deprecated agentrl_jax.training
+    api          agentrl_jax/__init__.py (lazy re-exports)
     launch/      outside the package: the entry points, cli.py and launchers.py
 
 Every import of every module counts, at the top and inside functions alike (a deferred import is
@@ -14,20 +14,15 @@ still a dependency). Today's code breaks the rule in a few places, and had a few
 they are listed below, each with its reason. The lists only shrink: a new violation or cycle
 fails, and so does a listed one that is gone (delete it from the list, that is the point).
 
-The old ``agentrl_jax.training.X`` names, and the launch code's old names in the package
-(``agentrl_jax.launchers``, ``agentrl_jax.run.cli``), are aliases of the moved modules for one
-release: they import as the new module and warn (the last tests here).
+A thing has one name: the old names of moved modules (``agentrl_jax.training.X``,
+``agentrl_jax.launchers``, ...) are gone, not aliases (the last test here).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib
 import os
 import pathlib
-import subprocess
-import sys
-import textwrap
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = REPO / "agentrl_jax"
@@ -55,8 +50,6 @@ LAYER_OF = {
     "experiments": "experiments",
     "benchmarks": "experiments",  # tooling, run by launch.bench
     "": "api",  # agentrl_jax/__init__.py: the public names (imported lazily, by name)
-    "_aliases": "api",  # the import hook of the old names below
-    "training": "api",  # the deprecated aliases, for users only
 }
 # rl and rollout share a layer: rl/ reads rollout/'s Trajectory and ChatTemplate (the hand-over
 # between the two), and rollout/ imports nothing of rl/ today.
@@ -200,135 +193,28 @@ def _show(cycles: set[frozenset[str]]) -> str:
     return "; ".join(" <-> ".join(sorted(c)) for c in sorted(cycles, key=sorted))
 
 
-def test_nothing_in_the_repository_uses_the_old_names():
-    """The ``agentrl_jax.training`` aliases are for users: the package, launchers, configs,
-    scripts, notebooks and tests (this file aside) import the new paths, and training/ holds no
-    module of its own (a new one goes to the folder of its job)."""
-    assert sorted(p.name for p in (PACKAGE / "training").glob("*.py")) == ["__init__.py"]
-    assert not any(t == "agentrl_jax.training" for targets in GRAPH.values() for t in targets), (
-        "a module of the package imports agentrl_jax.training"
-    )
+# Module names that were moved (issue #33) and are no more: one name per thing.
+OLD_NAMES = (
+    "agentrl_jax.training",
+    "agentrl_jax.training.trainer",
+    "agentrl_jax.launchers",
+    "agentrl_jax.run.cli",
+    "agentrl_jax.run.defaults",
+    "agentrl_jax.experiments.stats",
+)
+
+
+def test_the_old_names_are_gone():
+    """Nothing in the repository uses a moved module's old name, and no module has it."""
     here = pathlib.Path(__file__).resolve()
     old = []
-    for folder in ("agentrl_jax", "launch", "configs", "scripts", "notebooks", "tests"):
+    for folder in ("agentrl_jax", "launch", "configs", "scripts", "notebooks", "tests", "docs"):
         for path in sorted((REPO / folder).rglob("*")):
-            if path.suffix not in (".py", ".ipynb", ".sh") or path == here:
-                continue
-            if path.parent == PACKAGE / "training":
+            if path.suffix not in (".py", ".ipynb", ".sh", ".md") or path == here:
                 continue
             text = path.read_text()
-            if "agentrl_jax.training" in text or "agentrl_jax/training" in text:
-                old.append(str(path.relative_to(REPO)))
-    assert not old, f"old agentrl_jax.training names in {old}"
-
-
-def test_old_names_are_the_moved_modules():
-    import warnings
-
-    from agentrl_jax import training
-
-    assert len(training.MOVED) == 30  # every module training/ had, its __init__.py aside
-    for old in training.MOVED:
-        new = training.new_name(old)
-        assert (REPO / (new.replace(".", os.sep) + ".py")).is_file(), new
-    for old in ("paths", "stats", "chaos"):  # light ones; the subprocess below imports them all
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            alias = importlib.import_module(f"agentrl_jax.training.{old}")
-        assert alias is importlib.import_module(training.new_name(old))
-        assert getattr(training, old) is alias and old in dir(training)
-
-
-def test_old_names_import_warn_once_and_share_the_module():
-    """In a fresh interpreter: every old name imports (``from agentrl_jax.training.X import Y``
-    and ``import agentrl_jax.training.X`` alike) as the moved module itself, warns once, naming
-    the new path, at the importing line; a monkeypatch through the old name reaches the new."""
-    code = textwrap.dedent(
-        """
-        import importlib, warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            from agentrl_jax.training.trainer import Trainer
-            import agentrl_jax.training.trainer
-            from agentrl_jax.training import trainer
-        import agentrl_jax.run.trainer as new
-        assert trainer is new and agentrl_jax.training.trainer is new and Trainer is new.Trainer
-        assert [str(w.message).split(" ")[:1] for w in caught] == [["agentrl_jax.training.trainer"]]
-        assert "import agentrl_jax.run.trainer" in str(caught[0].message)
-        assert caught[0].category is DeprecationWarning and caught[0].filename == "<string>"
-        from agentrl_jax import training
-        for old in training.MOVED:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                alias = importlib.import_module("agentrl_jax.training." + old)
-            assert alias is importlib.import_module(training.new_name(old)), old
-        import pytest
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr("agentrl_jax.training.paths.is_url", lambda path: "patched")
-            from agentrl_jax.run import paths
-            assert paths.is_url("x") == "patched"
-        print("ok")
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
-
-
-def test_the_launch_codes_old_names_import_the_moved_modules_and_warn_once():
-    """``agentrl_jax.launchers`` and ``agentrl_jax.run.cli`` moved to launch/ (nothing below the
-    launch layer uses them); the old names import as the new modules, warning once each."""
-    code = textwrap.dedent(
-        """
-        import warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            from agentrl_jax import launchers
-            import agentrl_jax.launchers
-            from agentrl_jax.run import cli
-            from agentrl_jax.run.cli import fail
-        import launch.cli, launch.launchers
-        assert launchers is launch.launchers and agentrl_jax.launchers is launch.launchers
-        assert cli is launch.cli and fail is launch.cli.fail
-        messages = [str(w.message) for w in caught]
-        old = ["agentrl_jax.launchers", "agentrl_jax.run.cli"]
-        assert [m.split(" ")[0] for m in messages] == old
-        assert "import launch.launchers" in messages[0] and "import launch.cli" in messages[1]
-        assert all(w.category is DeprecationWarning and w.filename == "<string>" for w in caught)
-        print("ok")
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
-    assert not (PACKAGE / "launchers.py").exists() and not (PACKAGE / "run" / "cli.py").exists()
-
-
-def test_modules_moved_down_import_under_their_old_names_and_warn_once():
-    """``agentrl_jax.experiments.stats`` moved down to the parts (``agentrl_jax.stats``: the run's
-    evaluation reads it); the old name imports as the new module, warning once."""
-    code = textwrap.dedent(
-        """
-        import warnings
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            from agentrl_jax.experiments import stats
-            import agentrl_jax.experiments.stats
-            from agentrl_jax.experiments.stats import wilson_interval
-        import agentrl_jax.stats as new
-        assert stats is new and agentrl_jax.experiments.stats is new
-        assert wilson_interval is new.wilson_interval
-        messages = [str(w.message) for w in caught]
-        assert [m.split(" ")[0] for m in messages] == ["agentrl_jax.experiments.stats"], messages
-        assert "import agentrl_jax.stats" in messages[0]
-        assert all(w.category is DeprecationWarning and w.filename == "<string>" for w in caught)
-        print("ok")
-        """
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
-    )
-    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
-    assert not (PACKAGE / "experiments" / "stats.py").exists()
+            old += [f"{path.relative_to(REPO)}: {name}" for name in OLD_NAMES if name in text]
+    assert not old, f"old module names in {old}"
+    for name in OLD_NAMES:
+        path = REPO / name.replace(".", os.sep)
+        assert not path.with_suffix(".py").exists() and not path.is_dir(), f"{name} is back"

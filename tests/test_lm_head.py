@@ -268,8 +268,7 @@ def test_learner_losses_and_gradients_match_the_full_logits_learner(tied, temper
 
 
 def test_the_chunk_size_is_a_validated_model_setting():
-    from agentrl_jax.run.config import ConfigError, from_config_dict
-    from agentrl_jax.run.defaults import base_config
+    from agentrl_jax.run.config import ConfigError, base_config, from_config_dict
 
     assert from_config_dict(base_config()).model.logits_chunk == 256
     for bad in (0, -4):

@@ -16,8 +16,7 @@ from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ValueModel
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.rl.learner import Learner, LossWeights
-from agentrl_jax.run.config import ConfigError, from_config_dict
-from agentrl_jax.run.defaults import base_config
+from agentrl_jax.run.config import ConfigError, base_config, from_config_dict
 from agentrl_jax.sampling.testing import SMALL, random_policy
 
 TOL = 1e-5

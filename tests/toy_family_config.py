@@ -10,7 +10,7 @@ iteration of 2 x 2 episodes, no SFT; short rows, since the game's observations a
 
 import ml_collections
 
-from agentrl_jax.run.defaults import base_config
+from agentrl_jax.run.config import base_config
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
