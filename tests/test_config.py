@@ -267,7 +267,7 @@ def test_unknown_top_level_key_is_an_error():
 
 def test_kl_reward_is_fine_with_an_estimator_that_takes_it():
     run = from_config_dict(_config(rl=dict(algo="reinforce_pp", kl_mode="reward", kl_coef=0.1)))
-    assert run.advantage_config().kl_coef == 0.1
+    assert run.rl_spec().advantage.kl_coef == 0.1
 
 
 def test_sft_only_budget_needs_no_rl_iteration():
@@ -296,7 +296,7 @@ def test_a_registered_estimator_declares_what_it_needs_and_gets_the_checks():
             from_config_dict(_config(rl=dict(algo="plain_test", kl_mode="reward")))
         rl = dict(algo="plain_test", minibatch_size=16)
         run = from_config_dict(_config(rl=rl, rollout=dict(group_size=1)))
-        assert not run.needs_critic and run.ratio_level == "token"
+        assert not run.needs_critic and run.rl_spec().loss.ratio_level == "token"
     finally:
         registry.unregister("critic_test")
         registry.unregister("plain_test")

@@ -9,7 +9,8 @@ from flax import nnx
 
 from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
-from agentrl_jax.rl.learner import Learner, LossWeights, token_logprobs
+from agentrl_jax.rl.learner import Learner, token_logprobs
+from agentrl_jax.rl.spec import LossWeights, RLSpec
 
 CFG = preset(
     "tiny",
@@ -78,11 +79,13 @@ def _rl_inputs(learner, state, batch, seed=1):
     }
 
 
-def _actor_critic(actor_lr=1e-2, **kwargs):
-    """The tiny policy, a critic from its trunk, and a Learner for both (Adam, critic lr 1e-2)."""
+def _actor_critic(actor_lr=1e-2, mesh=None, **losses):
+    """The tiny policy, a critic from its trunk, and a Learner for both (Adam, critic lr 1e-2)
+    with the spec of ``losses`` (``RLSpec.for_losses``)."""
     policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
     critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
-    learner = Learner(policy, critic, optax.adam(actor_lr), optax.adam(1e-2), **kwargs)
+    spec = RLSpec.for_losses(**losses)
+    learner = Learner(policy, critic, optax.adam(actor_lr), optax.adam(1e-2), spec=spec, mesh=mesh)
     return policy, critic, learner
 
 
@@ -138,7 +141,9 @@ def test_policy_loss_comes_from_the_registry():
         return kernels.aggregate(-advantages * logprobs, loss_mask, "token_mean"), {}
 
     policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    learner = Learner(policy, None, optax.sgd(1e-2), policy_loss="test_learner_pg")
+    learner = Learner(
+        policy, None, optax.sgd(1e-2), spec=RLSpec.for_losses(policy_loss="test_learner_pg")
+    )
     state = learner.init(policy)
     batch = _rl_inputs(learner, state, _batch())
     state, metrics = learner.rl_step(state, batch)
@@ -148,7 +153,7 @@ def test_policy_loss_comes_from_the_registry():
 def test_envrl_auxiliary_losses_join_the_rl_loss_with_cosine_weights():
     policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
     envrl = kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10)
-    learner = Learner(policy, None, optax.sgd(1e-2), envrl=envrl)
+    learner = Learner(policy, None, optax.sgd(1e-2), spec=RLSpec.for_losses(envrl=envrl))
     state = learner.init(policy)
     batch = _rl_inputs(learner, state, _batch())
     pairs = [([[1, 2, 3], [4, 5], [6, 7, 8]], [[9, 10], [11]])]

@@ -18,7 +18,7 @@ from flax import nnx
 from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.models.testing import random_model
-from agentrl_jax.rl.learner import Learner, LossWeights, shift_right
+from agentrl_jax.rl.learner import Learner, shift_right
 from agentrl_jax.rl.lm_head import (
     MASKED_LOGIT,
     TokenStats,
@@ -26,6 +26,7 @@ from agentrl_jax.rl.lm_head import (
     token_logprobs,
     token_stats,
 )
+from agentrl_jax.rl.spec import LossWeights, RLSpec
 
 TOL = 1e-5
 # V = 97 is no other dimension of the test, so [.., .., V] shapes in a jaxpr are logits.
@@ -205,9 +206,9 @@ def _learners(tied, **kwargs):
     policy = _policy(tied)
     envrl = kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10)
     weights = LossWeights(kl=0.1, entropy=0.05)
-    common = dict(envrl=envrl, weights=weights, **kwargs)
-    chunked = Learner(policy, None, optax.sgd(0.0), logits_chunk=4, **common)
-    full = _FullLogitsLearner(policy, None, optax.sgd(0.0), **common)
+    spec = RLSpec.for_losses(envrl=envrl, weights=weights, **kwargs)
+    chunked = Learner(policy, None, optax.sgd(0.0), logits_chunk=4, spec=spec)
+    full = _FullLogitsLearner(policy, None, optax.sgd(0.0), spec=spec)
     return policy, chunked, full
 
 

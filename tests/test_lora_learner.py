@@ -9,7 +9,8 @@ from flax import nnx
 
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, lora
 from agentrl_jax.models.config import LoraConfig
-from agentrl_jax.rl.learner import Learner, LossWeights
+from agentrl_jax.rl.learner import Learner
+from agentrl_jax.rl.spec import LossWeights, RLSpec
 from tests.test_learner import CFG, _batch, _rl_inputs
 
 
@@ -17,12 +18,13 @@ def _flat(state):
     return {path: (type(v), np.asarray(v.get_value())) for path, v in nnx.to_flat_state(state)}
 
 
-def _lora_learner(critic=False, **kwargs):
+def _lora_learner(critic=False, **losses):
     base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
     policy = lora.apply_lora(base, LoraConfig(rank=4, alpha=8.0), seed=3)
     value = Qwen2ValueModel.from_policy(base, rngs=nnx.Rngs(1)) if critic else None
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
-    learner = Learner(policy, value, tx, optax.adam(1e-2) if critic else None, **kwargs)
+    spec = RLSpec.for_losses(**losses)
+    learner = Learner(policy, value, tx, optax.adam(1e-2) if critic else None, spec=spec)
     return base, policy, value, learner
 
 

@@ -15,7 +15,8 @@ import pytest
 from agentrl_jax import kernels
 from agentrl_jax.models import Qwen2ValueModel
 from agentrl_jax.models.testing import random_model
-from agentrl_jax.rl.learner import Learner, LossWeights
+from agentrl_jax.rl.learner import Learner
+from agentrl_jax.rl.spec import LossWeights, RLSpec
 from agentrl_jax.run.config import ConfigError, base_config, from_config_dict
 from agentrl_jax.sampling.testing import SMALL, random_policy
 
@@ -113,10 +114,12 @@ def _rl_learners(microbatch_sizes, mesh=None, **loss_kwargs):
             critic,
             _tx(),
             _tx(),
-            loss_config=kernels.LossConfig(**loss_kwargs),
-            weights=LossWeights(value=0.5, kl=0.1, entropy=0.01),
-            envrl=kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10),
-            temperature=temperature,
+            spec=RLSpec.for_losses(
+                loss_config=kernels.LossConfig(**loss_kwargs),
+                weights=LossWeights(value=0.5, kl=0.1, entropy=0.01),
+                envrl=kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10),
+                temperature=temperature,
+            ),
             microbatch_size=size,
             mesh=on_mesh,
         )

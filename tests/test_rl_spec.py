@@ -81,9 +81,9 @@ def test_envrl_horizon_is_the_runs_iterations_unless_set():
 def test_the_config_s_kernel_configs_are_the_spec_s():
     run = from_config_dict(_config(rl=dict(kl_mode="reward", algo="gae", kl_coef=0.1)))
     spec = run.rl_spec()
-    assert run.advantage_config() == spec.advantage
-    assert run.loss_config() == spec.loss
-    assert run.ratio_level == spec.loss.ratio_level
+    assert run.rl_spec().advantage == spec.advantage
+    assert run.rl_spec().loss == spec.loss
+    assert run.rl_spec().loss.ratio_level == spec.loss.ratio_level
     assert run.needs_critic == spec.needs_critic
 
 
@@ -126,10 +126,8 @@ def test_the_learner_takes_a_spec_or_its_settings_not_both():
     )
     spec = _spec(rl=dict(kl_coef=0.1))
     assert Learner(policy, None, optax.sgd(0.1), spec=spec).spec is spec
-    with pytest.raises(ValueError, match="pass a spec or its settings"):
-        Learner(policy, None, optax.sgd(0.1), spec=spec, weights=LossWeights())
-    plain = Learner(policy, None, optax.sgd(0.1), weights=LossWeights(kl=0.2), temperature=0.5)
-    assert plain.spec.kl.needs_reference and plain.spec.temperature == 0.5
+    plain = Learner(policy, None, optax.sgd(0.1))  # SFT, or a test: the default losses
+    assert plain.spec == RLSpec.for_losses() and not plain.spec.kl.needs_reference
 
 
 def test_nothing_in_rl_imports_run():

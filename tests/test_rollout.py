@@ -13,6 +13,7 @@ from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.models import Qwen2ForCausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rl.learner import Learner
+from agentrl_jax.rl.spec import RLSpec
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
 from agentrl_jax.rollout.trajectory import episode_rows, step_arrays, step_rows
@@ -184,7 +185,7 @@ def test_sampler_logprobs_equal_the_learners_teacher_forced_logprobs(setup, temp
     tok, policy, template, sampler = setup
     trajs, _ = _rollout(setup, "episode", sampling=SamplingParams(temperature=temperature))
     rows = episode_rows(trajs, 512, tok.pad_token_id)
-    learner = Learner(policy, None, optax.sgd(0.0), temperature=temperature)
+    learner = Learner(policy, None, optax.sgd(0.0), spec=RLSpec.for_losses(temperature=temperature))
     state = learner.init(policy)
     batch = {"tokens": rows.tokens, "mask": rows.mask}
     logp = np.asarray(learner.policy_logprobs(state.policy, batch))
@@ -233,7 +234,7 @@ def test_constrained_actions_are_admissible_and_the_learner_normalises_over_the_
                 z[rows.tokens[r, t]] - np.log(np.sum(np.exp(z[ids] - z.max()))) - z.max()
             )
     np.testing.assert_allclose(rows.old_logprobs[on], expected[on], atol=2e-5, rtol=0)
-    learner = Learner(policy, None, optax.sgd(0.0), temperature=temperature)
+    learner = Learner(policy, None, optax.sgd(0.0), spec=RLSpec.for_losses(temperature=temperature))
     state = learner.init(policy)
     batch = {"tokens": rows.tokens, "mask": rows.mask, "allowed": rows.allowed}
     logp = np.asarray(learner.policy_logprobs(state.policy, batch))

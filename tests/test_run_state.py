@@ -3,8 +3,6 @@ restore of an old checkpoint whose frozen reference sits in the state tree (``ha
 
 import copy
 import os
-import types
-import warnings
 
 import jax
 import numpy as np
@@ -143,17 +141,3 @@ def test_an_old_checkpoint_with_its_reference_in_the_state_tree_restores(tmp_pat
         assert (a == b).all()
     for a, b in zip(_leaves(restored.reference), _leaves(ref), strict=True):
         assert (a == b).all()
-
-
-def test_the_trainers_meta_is_the_run_state_as_the_old_dict_and_warns():
-    from agentrl_jax.run.trainer import Trainer
-
-    run = types.SimpleNamespace(run_state=RunState.from_json(OLD_METAS["rl"]))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        meta = Trainer.meta.fget(run)
-    assert meta == {
-        k: v for k, v in OLD_METAS["rl"].items() if k not in ("curriculum", "reference")
-    }
-    assert [w.category for w in caught] == [DeprecationWarning]
-    assert "Trainer.run_state" in str(caught[0].message)

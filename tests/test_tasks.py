@@ -91,9 +91,8 @@ def test_unknown_env_lists_the_valid_ones():
 
 def test_the_built_in_families_task_sources_live_beside_their_envs():
     """The registry names the built-in task sources and hooks by object, from envs/ and swe/
-    (not by a string up into rollout/); rollout.tasks keeps their names."""
+    (not by a string up into rollout/)."""
     from agentrl_jax.envs import alfworld_data, games, registry
-    from agentrl_jax.rollout import tasks
     from agentrl_jax.swe import tasks as swe_tasks
 
     for name, module in (("textworld", games), ("alfworld", alfworld_data), ("swe", swe_tasks)):
@@ -102,4 +101,4 @@ def test_the_built_in_families_task_sources_live_beside_their_envs():
             path = getattr(family, field)
             assert not path or path.partition(":")[0] == module.__name__, (name, field, path)
             if path:
-                assert family.hook(field) is getattr(tasks, path.partition(":")[2])
+                assert family.hook(field) is getattr(module, path.partition(":")[2])

@@ -68,7 +68,7 @@ def test_bad_config_fails_before_compute_naming_the_field(sections, match):
 
 def test_ratio_level_follows_the_estimator_unless_set():
     def level(**rl):
-        return from_config_dict(_config(rl=rl), num_devices=1).loss_config().ratio_level
+        return from_config_dict(_config(rl=rl), num_devices=1).rl_spec().loss.ratio_level
 
     assert level() == "token"  # grpo
     assert level(algo="gagpo") == "action"  # defined with an action-level ratio
@@ -78,9 +78,9 @@ def test_ratio_level_follows_the_estimator_unless_set():
 
 def test_kl_estimator_clamp_and_value_clip_reach_the_losses():
     rl = dict(algo="gae", kl_coef=0.1, kl_estimator="k2", kl_clamp=5.0, value_clip=None)
-    loss = from_config_dict(_config(rl=rl), num_devices=1).loss_config()
+    loss = from_config_dict(_config(rl=rl), num_devices=1).rl_spec().loss
     assert (loss.kl_estimator, loss.kl_clamp, loss.value_clip) == ("k2", 5.0, None)
-    default = from_config_dict(_config(), num_devices=1).loss_config()
+    default = from_config_dict(_config(), num_devices=1).rl_spec().loss
     assert (default.kl_estimator, default.kl_clamp, default.value_clip) == ("k3", None, 0.2)
 
 
@@ -96,7 +96,7 @@ def test_a_registered_estimator_gets_the_built_in_checks():
         with pytest.raises(ConfigError, match="'pairwise_test' compares rollouts within a group"):
             from_config_dict(cfg, num_devices=1)
         run = from_config_dict(_config(rl=dict(algo="pairwise_test")), num_devices=1)
-        assert run.loss_config().ratio_level == "action"
+        assert run.rl_spec().loss.ratio_level == "action"
     finally:
         registry.unregister("pairwise_test")
 

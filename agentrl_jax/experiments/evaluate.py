@@ -1,34 +1,15 @@
-"""Learning curves of a run, and the held-out evaluation's names where experiments used them.
+"""Learning curves of a run.
 
     plot_learning_curve(workdir / "tb", workdir / "eval" / "learning_curve.png")
 
-The evaluation itself (``evaluate``, ``EvalResult``, ``Stats``, ``summarize``, ``paired_gain``,
-``task_type``, ``transcript``) is the run's, in ``run/evaluation.py``, and its reports
-(``write_report``, ``markdown_table``, the before/after table and rows) in
-``run/eval_report.py``; they are re-exported here under their old names.
+The evaluation itself is the run's, in ``run/evaluation.py``, and its reports in
+``run/eval_report.py``.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-
-from agentrl_jax.run.eval_report import (
-    before_after_rows,
-    before_after_table,
-    markdown_table,
-    write_report,
-)
-from agentrl_jax.run.evaluation import (
-    DECODING_MODES,
-    EvalResult,
-    Stats,
-    evaluate,
-    paired_gain,
-    summarize,
-    task_type,
-    transcript,
-)
 
 DEFAULT_CURVE_TAGS = (
     "rollout/success_rate",
@@ -143,20 +124,4 @@ def rl_episode_axis(scalars: dict[str, list[tuple[int, float]]]):
     return (lambda step: played.get(step, float(step))), "RL episodes"
 
 
-__all__ = [
-    "DECODING_MODES",
-    "DEFAULT_CURVE_TAGS",
-    "EvalResult",
-    "Stats",
-    "before_after_rows",
-    "before_after_table",
-    "evaluate",
-    "markdown_table",
-    "paired_gain",
-    "plot_learning_curve",
-    "rl_episode_axis",
-    "summarize",
-    "task_type",
-    "transcript",
-    "write_report",
-]
+__all__ = ["DEFAULT_CURVE_TAGS", "plot_learning_curve", "rl_episode_axis"]

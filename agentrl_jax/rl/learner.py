@@ -69,7 +69,7 @@ from agentrl_jax.rl.lm_head import TokenStats, token_stats
 # The full-logits formulas, in lm_head.py beside the chunked one; still importable from here.
 from agentrl_jax.rl.lm_head import mask_to_allowed as mask_to_allowed
 from agentrl_jax.rl.lm_head import token_logprobs as token_logprobs
-from agentrl_jax.rl.spec import LossWeights, RLSpec
+from agentrl_jax.rl.spec import RLSpec
 
 
 @flax.struct.dataclass
@@ -96,14 +96,8 @@ class Learner:
       value_model: the critic module or None.
       actor_tx, critic_tx: optax transformations (separate learning rates).
       spec: the run's resolved RL settings (``RunConfig.rl_spec()``): losses, weights, KL,
-        ENVRL, temperature. Without it, the next five arguments make one
-        (``RLSpec.for_losses``: the KL a loss term of weight ``weights.kl``); with it, they
-        must be left out.
-      loss_config: kernels.LossConfig of the policy/value/KL/entropy losses.
-      policy_loss: registered policy-loss name (``kernels.get_policy_loss``).
-      weights: LossWeights.
-      envrl: kernels.EnvrlConfig or None.
-      temperature: the rollouts' sampling temperature (> 0); RL log-probs use ``logits / T``.
+        ENVRL, the rollouts' temperature. None (an SFT learner): ``RLSpec.for_losses()``, the
+        default losses; a test builds one from loss settings with ``RLSpec.for_losses(...)``.
       logits_chunk: positions per LM-head call (``lm_head.token_stats``): peak logits memory is
         [B, logits_chunk, V] instead of [B, T, V].
       microbatch_size: rows per microbatch of a train step's batch (gradient accumulation
@@ -123,30 +117,13 @@ class Learner:
         critic_tx: optax.GradientTransformation | None = None,
         *,
         spec: RLSpec | None = None,
-        loss_config: kernels.LossConfig | None = None,
-        policy_loss: str | None = None,
-        weights: LossWeights | None = None,
-        envrl: Any = None,
-        temperature: float | None = None,
         logits_chunk: int = 256,
         microbatch_size: int | None = None,
         mesh: jax.sharding.Mesh | None = None,
         dropout_seed: int = 0,
     ):
-        loss_settings = dict(
-            loss_config=loss_config,
-            policy_loss=policy_loss,
-            weights=weights,
-            envrl=envrl,
-            temperature=temperature,
-        )
-        given = sorted(k for k, v in loss_settings.items() if v is not None)
-        if spec is not None and given:
-            raise ValueError(f"Learner: pass a spec or its settings {given}, not both")
-        if temperature is not None and not temperature > 0:
-            raise ValueError(f"Learner temperature={temperature}: expected > 0 (the sampling one)")
         if spec is None:
-            spec = RLSpec.for_losses(**{k: v for k, v in loss_settings.items() if v is not None})
+            spec = RLSpec.for_losses()
         if logits_chunk < 1:
             raise ValueError(f"Learner logits_chunk={logits_chunk}: expected >= 1")
         if microbatch_size is not None and microbatch_size < 0:

@@ -18,7 +18,6 @@ was built with: whether a reference policy is scored, whether its KL becomes a r
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -36,9 +35,7 @@ class RLUpdate:
     """The RL update of a run: ``update(state, ref_policy, trajs, np_rng)``.
 
     Args:
-      spec: the run's RL settings (``RunConfig.rl_spec()``), the learner's own spec. (A
-        RunConfig is still taken, for one release, with a DeprecationWarning: the learner's
-        spec is then used.)
+      spec: the run's RL settings (``RunConfig.rl_spec()``), the learner's own spec.
       learner: the Learner whose ``score`` and ``rl_update`` programs it runs.
       pad_id: the tokenizer's padding id.
       envrl_examples: with ENVRL, ``(trajs, max_len=...) -> {"sp": ..., "id": ...}``
@@ -52,14 +49,6 @@ class RLUpdate:
         pad_id: int,
         envrl_examples: Callable[..., dict[str, Any]] | None = None,
     ):
-        if not isinstance(spec, RLSpec):  # a RunConfig, as before the spec
-            warnings.warn(
-                "RLUpdate(config, ...) is deprecated: pass the run's RL spec, "
-                "RLUpdate(config.rl_spec(...), learner, ...) (the learner's spec is used)",
-                DeprecationWarning,
-                stacklevel=2,
-            )
-            spec = learner.spec
         if spec != learner.spec:
             raise ValueError(
                 "RLUpdate: the spec is not the one the learner was built with; build both from "

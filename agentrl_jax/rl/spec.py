@@ -219,7 +219,7 @@ class RLSpec:
         envrl: kernels.EnvrlConfig | None = None,
         temperature: float = 1.0,
     ) -> RLSpec:
-        """The spec of a Learner built from its loss settings alone (``Learner(weights=...)``):
+        """The spec of a Learner built from its loss settings alone (SFT, tests, notebooks):
         the KL is a loss term of weight ``weights.kl`` (a reference is scored when it is > 0),
         with ``loss_config``'s estimator and clamp."""
         loss = loss_config or kernels.LossConfig()

@@ -17,7 +17,7 @@ Every family, built-in or a user's, registers its task source with the env regis
 (``register_env(name, factory, make_tasks=..., splits=..., eval_split=..., report_split=...)``);
 :func:`make_tasks` asks the registry. The built-in families' sources live beside their envs
 (TextWorld's in ``envs/games.py``, ALFWorld's in ``envs/alfworld_data.py``, SWE's in
-``swe/tasks.py``) and are re-exported here under their names.
+``swe/tasks.py``).
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from agentrl_jax.envs import registry
-from agentrl_jax.envs.alfworld_data import alfworld_task_type, alfworld_tasks
 from agentrl_jax.envs.base import Task
-from agentrl_jax.envs.games import textworld_prepare, textworld_task_type, textworld_tasks
-from agentrl_jax.swe.tasks import swe_tasks
 
 
 def make_tasks(
@@ -65,17 +62,3 @@ def parse_level(level: str, default_split: str) -> tuple[str, str]:
     """``'all@valid_seen'`` -> ('all', 'valid_seen'); a bare level gets ``default_split``."""
     name, _, split = level.partition("@")
     return name, split or default_split
-
-
-__all__ = [
-    "alfworld_task_type",
-    "alfworld_tasks",
-    "eval_split",
-    "make_tasks",
-    "parse_level",
-    "report_levels",
-    "swe_tasks",
-    "textworld_prepare",
-    "textworld_task_type",
-    "textworld_tasks",
-]

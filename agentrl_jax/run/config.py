@@ -654,19 +654,6 @@ class RunConfig:
     def needs_critic(self) -> bool:
         return self.rl_spec().needs_critic
 
-    def advantage_config(self) -> kernels.AdvantageConfig:
-        """The spec's ``advantage`` (``rl_spec().advantage``)."""
-        return self.rl_spec().advantage
-
-    @property
-    def ratio_level(self) -> str:
-        """``rl.ratio_level``, or with "auto" the one the estimator is defined with."""
-        return self.rl_spec().loss.ratio_level
-
-    def loss_config(self) -> kernels.LossConfig:
-        """The spec's ``loss`` (``rl_spec().loss``)."""
-        return self.rl_spec().loss
-
 
 def _defaults(cls) -> dict[str, Any]:
     """The default of every field of dataclass ``cls`` that has one, as a config value (a

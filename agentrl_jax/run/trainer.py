@@ -28,7 +28,6 @@ import dataclasses
 import functools
 import os
 import time
-import warnings
 from collections.abc import Iterator
 from concurrent import futures
 from typing import Any
@@ -47,23 +46,10 @@ from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import build, eval_report, evaluation, logs, multihost, paths
-
-# The builders moved to run/build.py (issue #33); these stay importable from here for a release.
-from agentrl_jax.run.build import (  # noqa: F401
-    DTYPES,
-    expert_texts,
-    model_config,
-    reference_copy,
-    rl_learner,
-    rl_sampling,
-    sft_learner,
-    sync_sampler,
-)
 from agentrl_jax.run.config import RunConfig
 from agentrl_jax.run.state import REFERENCE, CheckpointMeta, RunState, restore_latest
 from agentrl_jax.run.tensorboard import SummaryWriter
 from agentrl_jax.run.watchdog import Watchdog
-from agentrl_jax.sharding import casts  # noqa: F401  (beside cast_copy since issue #32)
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -190,7 +176,7 @@ class Trainer:
         self.budget = budget_lib.from_config(cfg.budget)
         # The RL learner of the policy as RL trains it: with LoRA (model.lora.rank > 0), the
         # adapters only (build.rl_policy; SFT trains the whole policy).
-        self.learner = rl_learner(
+        self.learner = build.rl_learner(
             cfg,
             build.rl_policy(cfg, self.policy),
             self.critic,
@@ -245,16 +231,6 @@ class Trainer:
         """Train tasks per curriculum level (generated or found in the cache on first use)."""
         return self.parts.train_tasks
 
-    @property
-    def meta(self) -> dict[str, Any]:
-        """Deprecated: ``run_state``. The run state as the old meta dict (a copy)."""
-        warnings.warn(
-            "Trainer.meta is deprecated; use Trainer.run_state (run/state.py's RunState)",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return self.run_state.to_json()
-
     # ------------------------------------------------------------------ checkpoints
 
     def _state_tree(self) -> dict[str, Any]:
@@ -269,7 +245,7 @@ class Trainer:
         kl = self.learner.spec.kl
         if not kl.needs_reference or self.learner.lora:
             return
-        self.ref_policy = reference_copy(self.state.policy, kl.reference_dtype)
+        self.ref_policy = build.reference_copy(self.state.policy, kl.reference_dtype)
         self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
@@ -427,7 +403,7 @@ class Trainer:
         its checkpoint's epoch end)."""
         cfg = self.config
         total = dataset.batches_per_epoch * cfg.sft.epochs
-        self.sft_learner = sft_learner(cfg, self.policy, total, self.mesh)
+        self.sft_learner = build.sft_learner(cfg, self.policy, total, self.mesh)
         if self.sft_state is None:
             self.sft_state = self.sft_learner.init(self.policy)
         iterator = dataset.iterator(self.run_state.sft_iterator)
@@ -549,7 +525,7 @@ class Trainer:
         t0 = time.perf_counter()
         bar = logs.episode_bar("rollout", len(tasks) * self.config.rollout.group_size)
         with self.policy_in_sampler(), timing.phase("text"), bar as progress:
-            sampling = rl_sampling(self.config)
+            sampling = build.rl_sampling(self.config)
             trajs = self.worker.run(tasks, rng, sampling=sampling, progress=progress)
         _tag_version(trajs, version)
         return trajs, time.perf_counter() - t0
@@ -616,7 +592,7 @@ class Trainer:
         (``RolloutWorker.run(gather=False)``): the caller gathers them on the main thread."""
         tasks, rng, np_rng = self._iteration_draws(it)
         self._sync_sampler(copy=True)
-        sampling = rl_sampling(self.config)
+        sampling = build.rl_sampling(self.config)
 
         def play() -> tuple[PendingRollout, timing.PhaseClock]:
             t0 = time.perf_counter()
@@ -705,7 +681,7 @@ class Trainer:
         copy (a rollout that runs while the update changes the train state's)."""
         policy = (self.state if self.sft_state is None else self.sft_state).policy
         with timing.phase("sync"):  # a LoRA policy: its merged weights (the learner's graph)
-            sync_sampler(
+            build.sync_sampler(
                 self.sampler,
                 policy,
                 self.policy.cfg.dtype,
