@@ -172,3 +172,37 @@ def test_the_trainer_holds_the_policy_in_the_sampler_for_a_block_only():
         with pytest.raises(RuntimeError, match="env died"), trainer.Trainer.policy_in_sampler(run):
             raise RuntimeError("env died")
     assert calls[3:] == ["sync", "release"]
+
+
+@pytest.mark.parametrize(
+    "where, kind",
+    [
+        (dict(multihost=True, rollout=False, lora=True, casts=True, copy=True), "local"),
+        (dict(multihost=False, rollout=True, lora=True, casts=True, copy=True), "moved"),
+        (dict(multihost=False, rollout=False, lora=True, casts=True, copy=True), "merged"),
+        (dict(multihost=False, rollout=False, lora=False, casts=True, copy=True), "cast"),
+        (dict(multihost=False, rollout=False, lora=False, casts=False, copy=True), "copy"),
+        (dict(multihost=False, rollout=False, lora=False, casts=False, copy=False), "borrowed"),
+    ],
+)
+def test_where_the_samplers_weights_go_is_decided_once(policy, where, kind):
+    """``build.sampler_weights`` decides; ``sync_sampler`` makes it so and ``plan.sampler_copy``
+    plans it so: the sampler owns its weights for every kind but ``borrowed``."""
+    from agentrl_jax.experiments import plan
+
+    assert build.sampler_weights(**where) == kind
+    if where["multihost"] or where["lora"] or where["casts"]:
+        return  # planned in tests/test_plan.py (a host's mesh, LoRA's merge, the cast)
+    model, params = policy
+    mesh = params["trunk"]["embed_vd"][...].sharding.mesh
+    sampler = Sampler(model, mesh=mesh)
+    build.sync_sampler(sampler, params, jnp.float32, copy=where["copy"])
+    made = sampler.state is not params
+    sampler.release()
+    abstract = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params
+    )
+    _, _, owned = plan.sampler_copy(
+        CFG.replace(dtype=jnp.float32), abstract, mesh, copy=where["copy"]
+    )
+    assert made == owned == (kind != "borrowed")

@@ -59,7 +59,6 @@ import jax.numpy as jnp
 import numpy as np
 from absl import logging
 from flax import nnx
-from jax.sharding import Mesh
 
 from agentrl_jax import sharding
 from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
@@ -73,6 +72,7 @@ from agentrl_jax.run.build import (
     rl_learner,
     rl_sampling,
     rollout_device_mesh,
+    sampler_weights,
     sft_learner,
 )
 from agentrl_jax.run.config import RunConfig
@@ -165,18 +165,18 @@ def memory_plan(
     elif kl.needs_reference:
         ref = reference_copy(state.policy, kl.reference_dtype)
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
+    # Asynchronous RL on the learner's devices: a rollout plays beside score and rl_update,
+    # on a copy of its own (``build.sync_sampler(copy=True)``: the update donates the state's).
+    background = config.rollout.max_staleness > 0 and rollout_mesh is None
     sampler_mesh, sampler_params, owned = sampler_copy(
         model_cfg,
         state.policy,
         mesh if rollout_mesh is None else rollout_mesh,
         local_devices,
         lora=learner.lora,
+        rollout=rollout_mesh is not None,
+        copy=background,
     )
-    # Asynchronous RL on the learner's devices: a rollout plays beside score and rl_update,
-    # on a copy of its own (``build.sync_sampler(copy=True)``: the update donates the state's).
-    background = config.rollout.max_staleness > 0 and rollout_mesh is None
-    if rollout_mesh is not None or background:
-        owned = True  # a copy moved to the rollout's devices, or the background rollout's own
 
     def turn():
         return _sampler_turn(
@@ -276,26 +276,31 @@ def tpu_devices(topology: str) -> list[jax.Device]:
         ) from e
 
 
-def sampler_copy(model_cfg, policy, mesh, local_devices=None, *, lora=False):
+def sampler_copy(
+    model_cfg, policy, mesh, local_devices=None, *, lora=False, rollout=False, copy=False
+):
     """``(mesh, params, owned)``: where the sampler runs and its copy of the policy, abstract.
 
-    What ``build.sync_sampler`` gives the sampler: on one host (``local_devices`` None) the
-    run's ``mesh`` and the train state's ``policy`` (abstract, float32 parameters), cast to the
-    compute dtype when it differs (a copy of its own: ``owned``); multi-host, the first host's
-    ``multihost.local_mesh`` and the policy there in the compute dtype, split by the rules.
-    With ``lora`` (``policy`` holds adapters): the merged weights, a plain model's state in the
-    compute dtype in the base's layout (``lora.merge``), always a copy of its own.
+    What ``build.sync_sampler`` gives the sampler, by the same decision
+    (``build.sampler_weights``): on one host (``local_devices`` None) the run's ``mesh`` (with
+    ``rollout``: the rollout's own) and the train state's ``policy`` (abstract, float32
+    parameters), borrowed, or a copy of its own (``owned``) in the compute dtype; multi-host,
+    the first host's ``multihost.local_mesh`` and the policy there in the compute dtype, split
+    by the rules. With ``lora`` (``policy`` holds adapters): the merged weights, a plain
+    model's state in the compute dtype in the base's layout (``lora.merge``). ``copy``: the
+    sampler must own its weights (asynchronous RL).
     """
     dtype = np.dtype(model_cfg.dtype)
+    kind = sampler_weights(
+        multihost=local_devices is not None,
+        rollout=rollout,
+        lora=lora,
+        casts=sharding.casts(policy, dtype),
+        copy=copy,
+    )
     if lora:
         policy = nnx.split_state(policy, nnx.LoRAParam, ...)[1]  # the base, merged into
-    if local_devices is None and not lora and not sharding.casts(policy, dtype):
-        if mesh != _mesh_of(policy):  # the rollout's own devices: the policy moved there
-            policy = jax.tree.map(
-                lambda x, t: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=t),
-                policy,
-                sharding.leaf_shardings(policy, mesh),
-            )
+    if kind == "borrowed":
         return mesh, policy, False
     if local_devices is not None:
         local = list(mesh.devices.flat)[:local_devices]
@@ -307,12 +312,6 @@ def sampler_copy(model_cfg, policy, mesh, local_devices=None, *, lora=False):
         return jax.ShapeDtypeStruct(x.shape, kept, sharding=target)
 
     return mesh, jax.tree.map(cast, policy, targets), True
-
-
-def _mesh_of(tree) -> Mesh | None:
-    """The mesh of ``tree``'s first leaf's sharding (abstract or real arrays), or None."""
-    leaf = jax.tree.leaves(tree)[0]
-    return getattr(getattr(leaf, "sharding", None), "mesh", None)
 
 
 def check_local_devices(local_devices: int | None, num_devices: int) -> None:

@@ -67,6 +67,12 @@ def trainable_filter(model_or_cfg: nnx.Module | ModelConfig):
     return TRAINABLE if cfg.lora is not None else nnx.Param
 
 
+def has_adapters(state: Any) -> bool:
+    """Whether a model's state holds LoRA adapters (``nnx.LoRAParam``): the one test of a
+    policy's state (the sampler merges them; the learner's LoRA state must have them)."""
+    return any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(state))
+
+
 def split(model: nnx.Module) -> tuple[nnx.GraphDef, nnx.State, nnx.State]:
     """``(graphdef, trainable, rest)``: the adapters (or, without LoRA, every parameter) and the
     rest of the state; ``nnx.merge(graphdef, trainable, rest)`` is the model again."""

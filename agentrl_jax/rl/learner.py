@@ -63,6 +63,7 @@ import optax
 from flax import nnx
 
 from agentrl_jax import kernels, sharding
+from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl.lm_head import TokenStats, token_stats
 
@@ -142,8 +143,6 @@ class Learner:
         self.dropout_seed = int(dropout_seed)
         self.base_graphdef = None
         if self.lora:
-            from agentrl_jax.models import lora as lora_lib
-
             self.base_graphdef = nnx.split(lora_lib.base_model(policy))[0]
         self.value_graphdef = None if value_model is None else nnx.split(value_model)[0]
         self.actor_tx = actor_tx
@@ -382,7 +381,7 @@ class Learner:
         :attr:`policy_logprobs`). A LoRA learner given a state without adapters (the base,
         :meth:`base_state`) scores the base model."""
         graphdef = self.policy_graphdef
-        if self.lora and not _has_adapters(policy_state):
+        if self.lora and not lora_lib.has_adapters(policy_state):
             graphdef = self.base_graphdef
         model = nnx.merge(graphdef, policy_state)
         return self._rl_stats(model, batch).logprobs
@@ -578,10 +577,6 @@ def _params(module: nnx.Module | None):
 
 # The batch key of the LoRA dropout keys a train step adds (``Learner.dropout_keys``).
 DROPOUT_KEYS = "lora_dropout_keys"
-
-
-def _has_adapters(state) -> bool:
-    return any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(state))
 
 
 def _batch_axes(shape) -> tuple[str | None, ...]:

@@ -20,7 +20,7 @@ import math
 import os
 import pathlib
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import jax.numpy as jnp
@@ -164,6 +164,41 @@ def sft_dataset(config: RunConfig, demos: list[Trajectory], pad_id: int) -> sft_
 # ---------------------------------------------------------------------------- the policy's copies
 
 
+SamplerWeights = Literal["local", "moved", "merged", "cast", "copy", "borrowed"]
+
+
+def sampler_weights(
+    *, multihost: bool, rollout: bool, lora: bool, casts: bool, copy: bool
+) -> SamplerWeights:
+    """Where the sampler's weights come from, decided here once: ``sync_sampler`` makes them so
+    and ``experiments/plan.sampler_copy`` plans them so.
+
+    Args:
+      multihost: the sampler plays on this process's own mesh (``multihost.local_mesh``).
+      rollout: one host with ``config.rollout_mesh``: the sampler has devices of its own.
+      lora: the policy's state holds LoRA adapters (merged into its base to sample).
+      casts: the parameters are stored in another dtype than the compute one.
+      copy: the sampler must own its weights (asynchronous RL samples while the update donates
+        the train state's).
+
+    Returns:
+      ``"local"`` (a compute-dtype copy split over the process's devices), ``"moved"`` (a copy
+      moved to the rollout's devices), ``"merged"`` (LoRA's merged weights), ``"cast"`` (a
+      compute-dtype copy in the train state's layout), ``"copy"`` (a copy of the train state's
+      arrays) or ``"borrowed"`` (the train state's own arrays, no copy). Every kind but the
+      last is a copy the sampler owns.
+    """
+    if multihost:
+        return "local"
+    if rollout:
+        return "moved"
+    if lora:
+        return "merged"
+    if casts:
+        return "cast"
+    return "copy" if copy else "borrowed"
+
+
 def sync_sampler(
     sampler: Sampler,
     policy: Any,
@@ -176,7 +211,7 @@ def sync_sampler(
     """Gives ``sampler`` the policy's parameters ``policy`` (the train state's) in ``dtype``.
 
     The sampler's previous copy is released first (its arrays deleted when it owns them), so
-    two copies never coexist. Then:
+    two copies never coexist. Then, as ``sampler_weights`` decides:
 
     - a LoRA policy (``policy`` holds ``nnx.LoRAParam`` adapters; ``graphdef`` is its graph,
       the learner's ``policy_graphdef``): the merged weights ``W + A B alpha / r`` in ``dtype``
@@ -194,27 +229,32 @@ def sync_sampler(
       borrowed, no copy; with ``copy``, a copy owned by the sampler (asynchronous RL samples
       while the update donates the train state's arrays).
     """
-    sampler.release()
-    if any(isinstance(v, nnx.LoRAParam) for _, v in nnx.to_flat_state(policy)):
-        from agentrl_jax.models import lora
+    from agentrl_jax.models import lora
 
+    sampler.release()
+    adapters = lora.has_adapters(policy)
+    kind = sampler_weights(
+        multihost=local is not None,
+        rollout=rollout is not None,
+        lora=adapters,
+        casts=sharding.casts(policy, dtype),
+        copy=copy,
+    )
+    if adapters:
         if graphdef is None:
             raise ValueError("sync_sampler: a LoRA policy's state needs its graphdef to merge")
-        policy = merged = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
-    else:
-        merged = None
-    if local is not None:
-        sampler.set_state(multihost.local_copy(policy, local, dtype), owned=True)
-    elif rollout is not None:
-        sampler.set_state(sharding.moved_copy(policy, rollout, dtype), owned=True)
-    elif merged is not None:
-        sampler.set_state(merged, owned=True)
-    elif sharding.casts(policy, dtype):
-        sampler.set_state(sharding.cast_copy(policy, dtype), owned=True)
-    elif copy:
-        sampler.set_state(jax.tree.map(jnp.copy, policy), owned=True)
-    else:
+        policy = nnx.state(lora.merge(nnx.merge(graphdef, policy), dtype), nnx.Param)
+    if kind == "borrowed":
         sampler.set_state(policy)
+        return
+    made = {
+        "local": lambda: multihost.local_copy(policy, local, dtype),
+        "moved": lambda: sharding.moved_copy(policy, rollout, dtype),
+        "merged": lambda: policy,
+        "cast": lambda: sharding.cast_copy(policy, dtype),
+        "copy": lambda: jax.tree.map(jnp.copy, policy),
+    }
+    sampler.set_state(made[kind](), owned=True)
 
 
 def reference_copy(policy: Any, dtype: str) -> Any:
