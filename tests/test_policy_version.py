@@ -45,7 +45,7 @@ def _trainer(max_staleness: int = 0, batches=()) -> tuple[Trainer, list]:
     trainer.curriculum = Curriculum(config.curriculum)
     trainer.run_state = RunState(phase="rl")
     trainer.pending = {}
-    trainer.state = object()
+    trainer.state = types.SimpleNamespace(policy=None)
     trainer.ref_policy = None
     trainer.worker = _Worker(batches)
     trainer.policy_in_sampler = contextlib.nullcontext

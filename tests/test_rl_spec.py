@@ -9,6 +9,7 @@ import dataclasses
 import os
 import pathlib
 import sys
+import types
 
 import pytest
 
@@ -176,3 +177,28 @@ def test_the_kl_term_is_switched_on_by_the_spec_not_by_the_batch():
     without = {k: v for k, v in batch.items() if k != "ref_logprobs"}
     with pytest.raises(KeyError, match="ref_logprobs"):  # never silently dropped
         terms(loss, without)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+@pytest.mark.parametrize("kl_coef", [0.0, 0.1])
+def test_the_kl_reference_is_decided_once(lora, kl_coef):
+    """``build.kl_reference`` (the trainer's update, its frozen copy and the memory plan):
+    none without a KL; LoRA's base, the state's own arrays; else a frozen copy, made once in
+    the reference dtype and then the one the caller keeps."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from agentrl_jax.run import build
+
+    spec = _spec(rl=dict(kl_coef=kl_coef, reference_dtype="bfloat16"))
+    policy = {"w": jnp.ones((2, 2), jnp.float32), "n": jnp.arange(2)}
+    learner = types.SimpleNamespace(spec=spec, lora=lora, base_state=lambda p: ("base", p))
+    ref, frozen = build.kl_reference(learner, policy)
+    if not kl_coef:
+        assert (ref, frozen) == (None, False)
+    elif lora:
+        assert ref == ("base", policy) and not frozen
+    else:
+        assert frozen and ref["w"].dtype == jnp.bfloat16 and ref["n"].dtype == policy["n"].dtype
+        np.testing.assert_array_equal(np.asarray(ref["w"], np.float32), 1.0)
+        assert build.kl_reference(learner, policy, frozen=ref) == (ref, True)

@@ -67,8 +67,8 @@ from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import multihost
 from agentrl_jax.run.build import (
     DTYPES,
+    kl_reference,
     model_config,
-    reference_copy,
     rl_learner,
     rl_sampling,
     rollout_device_mesh,
@@ -157,13 +157,10 @@ def memory_plan(
         critic = nnx.eval_shape(lambda: Qwen2ValueModel(model_cfg, rngs=nnx.Rngs(0)))
     learner = rl_learner(config, rl_pol, critic, mesh)
     state = learner.abstract_state(rl_pol, critic)
-    kl = learner.spec.kl
-    ref, ref_shared = None, False
-    if kl.needs_reference and learner.lora:
-        # The trainer's: the base's own arrays in the train state (``Learner.base_state``).
-        ref, ref_shared = learner.base_state(state.policy), True
-    elif kl.needs_reference:
-        ref = reference_copy(state.policy, kl.reference_dtype)
+    # The trainer's (``build.kl_reference``): a frozen copy, or LoRA's base, the train state's
+    # own arrays (shared: not counted twice).
+    ref, frozen = kl_reference(learner, state.policy)
+    ref_shared = ref is not None and not frozen
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
     # Asynchronous RL on the learner's devices: a rollout plays beside score and rl_update,
     # on a copy of its own (``build.sync_sampler(copy=True)``: the update donates the state's).

@@ -273,6 +273,30 @@ def reference_copy(policy: Any, dtype: str) -> Any:
     return jax.tree.map(cast, policy)
 
 
+def kl_reference(learner: Learner, policy: Any, frozen: Any = None) -> tuple[Any, bool]:
+    """The KL reference a run scores against, decided here once (the trainer's update and its
+    frozen copy, and ``launch.plan``). Returns ``(reference, is_frozen_copy)``:
+
+    - ``(None, False)``: the spec's KL needs no reference (its weight is 0);
+    - LoRA: ``(learner.base_state(policy), False)``, the policy's own base arrays (its adapters
+      started at zero): no copy, nothing written; read again before each update, whose step
+      donates the state's buffers;
+    - otherwise the policy as RL began, frozen: ``(frozen, True)`` when the caller has it, else
+      ``(reference_copy(policy, kl.reference_dtype), True)``, a new copy, which the caller keeps
+      (the trainer writes it once beside the checkpoints).
+
+    ``policy``: the train state's policy (arrays, or abstract ones for the memory plan).
+    """
+    kl = learner.spec.kl
+    if not kl.needs_reference:
+        return None, False
+    if learner.lora:
+        return learner.base_state(policy), False
+    if frozen is None:
+        frozen = reference_copy(policy, kl.reference_dtype)
+    return frozen, True
+
+
 # ---------------------------------------------------------------------------- tasks
 
 

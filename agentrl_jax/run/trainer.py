@@ -237,16 +237,13 @@ class Trainer:
         return {"train": self.sft_state if self.run_state.phase == "sft" else self.state}
 
     def _freeze_reference(self) -> None:
-        """The frozen KL reference: the policy as it enters RL, written once (every later
-        checkpoint names it instead of holding another copy). None when the spec's KL needs no
-        reference (its weight is 0), and with LoRA: the reference is then the policy's base
-        without its adapters, which started at zero (``Learner.base_state`` of the current
-        state, read each iteration: no copy, nothing written)."""
-        kl = self.learner.spec.kl
-        if not kl.needs_reference or self.learner.lora:
-            return
-        self.ref_policy = build.reference_copy(self.state.policy, kl.reference_dtype)
-        self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
+        """The frozen KL reference, when the run has one (``build.kl_reference``): the policy as
+        it enters RL, written once (every later checkpoint names it instead of holding another
+        copy)."""
+        ref, frozen = build.kl_reference(self.learner, self.state.policy)
+        if frozen:
+            self.ref_policy = ref
+            self.checkpointer.save_frozen(REFERENCE, self.ref_policy)
 
     def save(self, metrics: dict[str, float] | None = None) -> None:
         """Checkpoints everything; checkpoints are numbered in order (``run_state.checkpoint``).
@@ -638,9 +635,7 @@ class Trainer:
             return metrics
 
         t1 = time.perf_counter()
-        ref = self.ref_policy
-        if self.learner.lora and self.learner.spec.kl.needs_reference:
-            ref = self.learner.base_state(self.state.policy)  # the state's own base arrays
+        ref, _ = build.kl_reference(self.learner, self.state.policy, self.ref_policy)
         self.state, update_metrics = self.rl_update(self.state, ref, good, np_rng, it)
         self.run_state.policy_version += 1
         t_update = time.perf_counter() - t1
