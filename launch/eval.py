@@ -22,6 +22,7 @@ as text (``..._transcripts.md``: what the model read and wrote each turn; defaul
 console (``--alsologtostderr``: both).
 """
 
+import functools
 import os
 
 import jax
@@ -64,34 +65,25 @@ def _evaluate(
     held-out level of ``parts``, as the trainer's evaluations play them: a report per level under
     WORKDIR/eval, the metrics and results back.
     """
-    from agentrl_jax.run import build, multihost
+    from agentrl_jax.run import build
     from agentrl_jax.run.watchdog import Watchdog
 
-    config = parts.config
-    sets = [("eval", level, tasks) for level, tasks in parts.eval_tasks.items()]
-    with Watchdog(config.watchdog_s).guard(f"evaluation {name}"):
-        build.sync_sampler(
-            parts.sampler,
-            policy,
-            parts.policy.cfg.dtype,
-            parts.local_mesh,
-            graphdef=graphdef,
-            rollout=parts.rollout_mesh,
+    sync = functools.partial(
+        build.sync_sampler,
+        parts.sampler,
+        policy,
+        parts.policy.cfg.dtype,
+        parts.local_mesh,
+        graphdef=graphdef,
+        rollout=parts.rollout_mesh,
+    )
+    with (
+        Watchdog(parts.config.watchdog_s).guard(f"evaluation {name}"),
+        build.policy_in_sampler(parts.sampler, sync),
+    ):
+        return eval_report.evaluate_policy(
+            parts.worker, parts.config, parts.eval_tasks, name=name, workdir=parts.workdir
         )
-        try:
-            metrics, results = eval_report.evaluate_sets(
-                parts.worker,
-                sets,
-                name=name,
-                out_dir=os.path.join(parts.workdir, "eval"),
-                seed=config.seed,
-                transcripts=config.env.num_transcripts,
-                write=multihost.is_primary(),
-            )
-        finally:
-            parts.sampler.release()
-    metrics["eval/success_rate"] = metrics[f"eval/{next(iter(parts.eval_tasks))}/success_rate"]
-    return metrics, results
 
 
 def _evaluate_latest(config, workdir: str, name: str):

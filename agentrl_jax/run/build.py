@@ -14,12 +14,13 @@ learners and model shapes from here, so each builds exactly what a run builds.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
 import pathlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal
 
 import jax
@@ -29,7 +30,7 @@ from absl import logging
 from flax import nnx
 from jax.sharding import Mesh
 
-from agentrl_jax import sharding
+from agentrl_jax import sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
@@ -255,6 +256,20 @@ def sync_sampler(
         "copy": lambda: jax.tree.map(jnp.copy, policy),
     }
     sampler.set_state(made[kind](), owned=True)
+
+
+@contextlib.contextmanager
+def policy_in_sampler(sampler: Sampler, sync: Callable[[], None]) -> Iterator[None]:
+    """The policy in ``sampler`` for the ``with`` block (a rollout, an evaluation): ``sync()``
+    gives it (``sync_sampler`` with the caller's policy) on entry, and it is released on exit,
+    also when the block raises (timed as ``sync``), so the sampler's own copy of the policy is
+    never held past the block."""
+    sync()
+    try:
+        yield
+    finally:
+        with timing.phase("sync"):
+            sampler.release()
 
 
 def reference_copy(policy: Any, dtype: str) -> Any:

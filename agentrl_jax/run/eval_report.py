@@ -24,8 +24,43 @@ from absl import logging
 from agentrl_jax import stats as stats_lib
 from agentrl_jax.envs.base import Task
 from agentrl_jax.rollout.rollout import RolloutWorker
+from agentrl_jax.run import multihost
 from agentrl_jax.run.evaluation import EvalResult, Stats, evaluate, paired_gain
 from agentrl_jax.run.logs import episode_bar
+
+
+def evaluate_policy(
+    worker: RolloutWorker,
+    config: Any,
+    eval_tasks: dict[str, Sequence[Task]],
+    *,
+    name: str,
+    workdir: str,
+    report_tasks: dict[str, Sequence[Task]] | None = None,
+) -> tuple[dict[str, float], dict[str, EvalResult]]:
+    """How a policy is evaluated, the one way (the trainer's evaluations and ``launch.eval``):
+    the policy the worker's sampler holds plays every held-out level of ``eval_tasks``
+    (``eval/<level>/*``, and ``eval/success_rate``, the first level's: the
+    checkpoint-selection metric) and, given ``report_tasks``, the report split's sets
+    (``report/<level@split>/*``, kept apart so that nothing selects on them); a report per set
+    under ``workdir/eval`` (from the primary process). Returns the metrics and the results by
+    level.
+
+    ``config``: the run's ``RunConfig`` (its seed and ``env.num_transcripts``).
+    """
+    sets = [("eval", level, tasks) for level, tasks in eval_tasks.items()]
+    sets += [("report", key, tasks) for key, tasks in (report_tasks or {}).items()]
+    metrics, results = evaluate_sets(
+        worker,
+        sets,
+        name=name,
+        out_dir=os.path.join(workdir, "eval"),
+        seed=config.seed,
+        transcripts=config.env.num_transcripts,
+        write=multihost.is_primary(),
+    )
+    metrics["eval/success_rate"] = metrics[f"eval/{next(iter(eval_tasks))}/success_rate"]
+    return metrics, results
 
 
 def evaluate_sets(

@@ -664,12 +664,8 @@ class Trainer:
         asynchronous RL's rollout, ``_start_ahead``, holds one beside the update, and
         ``launch.plan`` counts it there).
         """
-        self._sync_sampler()
-        try:
+        with build.policy_in_sampler(self.sampler, self._sync_sampler):
             yield
-        finally:
-            with timing.phase("sync"):
-                self.sampler.release()
 
     def _sync_sampler(self, *, copy: bool = False) -> None:
         """Gives the sampler the current policy (``sync_sampler``); ``copy``: always its own
@@ -698,20 +694,15 @@ class Trainer:
             return self._evaluate(name, report)
 
     def _evaluate(self, name: str, report: bool) -> dict[str, float]:
-        sets = [("eval", level, tasks) for level, tasks in self.eval_tasks.items()]
-        if report:
-            sets += [("report", key, tasks) for key, tasks in self.report_tasks.items()]
         with self.policy_in_sampler():  # the next rollout or evaluation syncs a fresh copy
-            out, results = eval_report.evaluate_sets(
+            out, results = eval_report.evaluate_policy(
                 self.worker,
-                sets,
+                self.config,
+                self.eval_tasks,
                 name=name,
-                out_dir=os.path.join(self.workdir, "eval"),
-                seed=self.config.seed,
-                transcripts=self.config.env.num_transcripts,
-                write=multihost.is_primary(),
+                workdir=self.workdir,
+                report_tasks=self.report_tasks if report else None,
             )
-        out["eval/success_rate"] = out[f"eval/{next(iter(self.eval_tasks))}/success_rate"]
         self.run_state.evals[name] = {level: r.to_json() for level, r in results.items()}
         return out
 
