@@ -48,8 +48,9 @@ class RunState:
       sft_iterator: during SFT, the data iterator's state at the last epoch's end (None at the
         start of SFT, and after it).
       pending: asynchronous RL (``rollout.max_staleness > 0``): the rollouts played for the
-        iterations to come and not trained on yet, as ``PendingRollout.to_json`` (so a resumed
-        run trains on exactly them: none lost, none played twice).
+        iterations to come and not trained on yet, as ``PendingRollout.to_json``
+        (``rollout/ahead.py``), so a resumed run trains on exactly them: none lost, none played
+        twice.
     """
 
     phase: Phase = "sft"

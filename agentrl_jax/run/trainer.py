@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import dataclasses
 import functools
 import os
 import time
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import jax
@@ -42,6 +40,8 @@ from agentrl_jax.envs.base import Task
 from agentrl_jax.rl import envrl_data, rng_streams, sft_data
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.rl_update import RLUpdate
+from agentrl_jax.rollout import ahead
+from agentrl_jax.rollout.ahead import PendingRollout
 from agentrl_jax.rollout.curriculum import Curriculum
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import budget as budget_lib
@@ -100,57 +100,6 @@ def iteration_summary(iteration: int, total: int, metrics: dict[str, float]) -> 
     if "eval/success_rate" in metrics:
         parts.append(f"eval success {metrics['eval/success_rate']:.2f}")
     return f"rl {iteration}/{total}: " + ", ".join(parts)
-
-
-def _tag_version(trajs: list[Trajectory], version: int) -> None:
-    """Marks every step as sampled by the policy of RL version ``version`` (the policy's
-    weights never change during a rollout)."""
-    for traj in trajs:
-        for step in traj.steps:
-            step.policy_version = version
-
-
-def staleness_metrics(trajs: list[Trajectory], version: int) -> dict[str, float]:
-    """``rollout/staleness``: how many versions the policy that played the steps of ``trajs``
-    lags behind ``version`` (the learner's), the mean over their steps, each read from its
-    ``Step.policy_version``; nothing when there is no step."""
-    played = [s.policy_version for t in trajs for s in t.steps]
-    return {"rollout/staleness": float(version - np.mean(played))} if played else {}
-
-
-@dataclasses.dataclass
-class PendingRollout:
-    """An iteration's rollout played ahead of its update (asynchronous RL).
-
-    Attributes:
-      iteration: the RL iteration whose update trains on it.
-      trajs: its episodes, each step tagged with the version of the policy that played it
-        (``Step.policy_version``).
-      rng_state: the iteration's numpy generator after its task draws (the update draws on).
-      seconds: the rollout's wall seconds.
-    """
-
-    iteration: int
-    trajs: list[Trajectory]
-    rng_state: dict[str, Any]
-    seconds: float
-
-    @classmethod
-    def of(cls, it, trajs, np_rng: np.random.Generator, seconds) -> PendingRollout:
-        return cls(it, trajs, np_rng.bit_generator.state, seconds)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "iteration": self.iteration,
-            "trajs": [t.to_json() for t in self.trajs],
-            "rng_state": self.rng_state,
-            "seconds": self.seconds,
-        }
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> PendingRollout:
-        trajs = [Trajectory.from_json(t) for t in data["trajs"]]
-        return cls(data["iteration"], trajs, data["rng_state"], data["seconds"])
 
 
 class Trainer:
@@ -524,7 +473,7 @@ class Trainer:
         with self.policy_in_sampler(), timing.phase("text"), bar as progress:
             sampling = build.rl_sampling(self.config)
             trajs = self.worker.run(tasks, rng, sampling=sampling, progress=progress)
-        _tag_version(trajs, version)
+        ahead.tag_version(trajs, version)
         return trajs, time.perf_counter() - t0
 
     def _iteration_draws(self, it: int) -> tuple[list[Task], jax.Array, np.random.Generator]:
@@ -553,13 +502,13 @@ class Trainer:
         update (whose programs and gathers then run in the same order on every host).
         """
         stale, total = self.config.rollout.max_staleness, self.num_rl_iterations()
-        for ahead in range(it, min(it + stale, total)):
-            if ahead not in self.pending:
-                self.pending[ahead] = self._play_ahead(ahead, self.run_state.policy_version)
-        ahead = it + stale
-        if ahead >= total:
+        for later in range(it, min(it + stale, total)):
+            if later not in self.pending:
+                self.pending[later] = self._play_ahead(later, self.run_state.policy_version)
+        later = it + stale
+        if later >= total:
             return self._learn_pending(it, self.pending.pop(it))
-        playing = self._start_ahead(ahead, self.run_state.policy_version)
+        playing = self._start_ahead(later, self.run_state.policy_version)
         try:
             metrics = self._learn_pending(it, self.pending.pop(it))
         finally:
@@ -570,7 +519,7 @@ class Trainer:
         timing.add_background(clock)  # its device time counts in perf/device_busy_fraction
         with timing.phase("transfer"):
             played.trajs = self.worker.gather(played.trajs)  # a collective: every process's share
-        self.pending[ahead] = played
+        self.pending[later] = played
         metrics["time/rollout_wait_s"] = waited
         return metrics
 
@@ -591,29 +540,22 @@ class Trainer:
         self._sync_sampler(copy=True)
         sampling = build.rl_sampling(self.config)
 
-        def play() -> tuple[PendingRollout, timing.PhaseClock]:
-            t0 = time.perf_counter()
-            clock = timing.PhaseClock()  # the iteration's clock adds it when it is done
+        def play() -> list[Trajectory]:
             try:
-                with clock.running():
-                    trajs = self.worker.run(tasks, rng, sampling=sampling, gather=False)
+                return self.worker.run(tasks, rng, sampling=sampling, gather=False)
             finally:
                 self.sampler.release()
-            _tag_version(trajs, version)
-            return PendingRollout.of(it, trajs, np_rng, time.perf_counter() - t0), clock
 
-        return self._background.submit(play)
+        return self._background.start(it, version, play, np_rng)
 
     @functools.cached_property
-    def _background(self) -> futures.ThreadPoolExecutor:
-        return futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-rollout")
+    def _background(self) -> ahead.PlayAhead:
+        return ahead.PlayAhead()
 
     def _learn_pending(self, it: int, pending: PendingRollout) -> dict[str, float]:
         """The update on a rollout played ahead, the iteration's numpy generator where its task
         draws left it."""
-        np_rng = np.random.default_rng()
-        np_rng.bit_generator.state = pending.rng_state
-        return self._learn(it, pending.trajs, np_rng, pending.seconds)
+        return self._learn(it, pending.trajs, pending.numpy_rng(), pending.seconds)
 
     def _learn(
         self, it: int, trajs: list[Trajectory], np_rng: np.random.Generator, t_rollout: float
@@ -623,7 +565,7 @@ class Trainer:
         good = [t for t in trajs if not t.infra_failure and t.steps]
         metrics = rollout_metrics(trajs)
         if self.config.rollout.max_staleness:
-            metrics.update(staleness_metrics(trajs, self.run_state.policy_version))
+            metrics.update(ahead.staleness_metrics(trajs, self.run_state.policy_version))
         metrics["curriculum/stage"] = float(self.curriculum.stage)
         if not good:
             logging.warning(
