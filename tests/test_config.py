@@ -88,7 +88,7 @@ with open(SNAPSHOT) as _f:
             # issue #31: continuous batching, concurrent env steps and asynchronous RL, off.
             "rollout.batching": "waves",
             "rollout.cohorts": 2,
-            "rollout.max_staleness": 0,
+            "rl.max_staleness": 0,
             "env.concurrent_steps": False,
             "rollout_mesh": [],
             # issue #40: a built tokenizer learns from every train task unless told fewer.

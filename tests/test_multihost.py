@@ -245,7 +245,7 @@ class _GatherSpy(multihost.ShardedRolloutWorker):
 
 
 def test_async_rl_gathers_the_rollout_played_ahead_on_the_main_thread(worker_parts):
-    """``rollout.max_staleness=1`` on process 0 of 2: the background thread plays the process's
+    """``rl.max_staleness=1`` on process 0 of 2: the background thread plays the process's
     share only; its episodes are gathered on the main thread once the update is done, so no
     collective ever runs beside the update's (whose order must be the same on every host).
     Each update trains on the gathered episodes of its own iteration."""
@@ -257,7 +257,7 @@ def test_async_rl_gathers_the_rollout_played_ahead_on_the_main_thread(worker_par
     worker = _GatherSpy(pool, sampler, tok, template, config, process=multihost.ProcessInfo(0, 2))
     worker.threads = []
     run_config = from_config_dict(
-        train_cli.tiny_config("test", rollout=dict(max_staleness=1)), num_devices=1
+        train_cli.tiny_config("test", rl=dict(max_staleness=1)), num_devices=1
     )
     weights = sampler.state  # borrowed by every rollout (set_state), released after it
     trainer = Trainer.__new__(Trainer)  # only what async_iteration reads
@@ -470,7 +470,7 @@ CONTINUOUS = (
 )
 # Asynchronous RL: iteration 2's rollout is played in the background during iteration 1's update
 # (each process its share), then gathered on the main thread.
-ASYNC = ("--config.rollout.max_staleness=1", "--config.rl.off_policy_correction=tis")
+ASYNC = ("--config.rl.max_staleness=1", "--config.rl.off_policy_correction=tis")
 VARIANTS = {"full": (), "lora": LORA, "continuous": CONTINUOUS, "async": ASYNC}
 
 

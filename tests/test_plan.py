@@ -310,14 +310,14 @@ def test_rollout_mesh_plans_the_sampler_on_devices_of_its_own():
 
 
 def test_async_plan_holds_the_background_rollout_beside_score_and_update():
-    """``rollout.max_staleness`` > 0 on the learner's devices: the rollout played ahead (the
+    """``rl.max_staleness`` > 0 on the learner's devices: the rollout played ahead (the
     sampler's own copy of the policy, its KV cache and the turn's temporaries) is resident
     beside ``score`` and ``rl_update``; with ``rollout_mesh`` it runs on devices of its own."""
     cd = load_config_file("configs/tiny_textworld.py:test")
     cd.mesh = (1, 2, 1)
     learner = ("score", "rl_update")
     sync = plan.memory_plan(from_config_dict(cd, num_devices=2), programs=learner)
-    cd.rollout.max_staleness = 1
+    cd.rl.max_staleness = 1
     ahead = plan.memory_plan(from_config_dict(cd, num_devices=2), programs=learner)
     copy = ahead["sampler"]["params_bytes"]
     assert copy > 0 and ahead["sampler"]["owned"]  # a copy of its own (the update donates)

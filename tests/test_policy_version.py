@@ -38,7 +38,7 @@ class _Worker:
 
 def _trainer(max_staleness: int = 0, batches=()) -> tuple[Trainer, list]:
     config = from_config_dict(
-        train_cli.tiny_config("test", rollout=dict(max_staleness=max_staleness)), num_devices=1
+        train_cli.tiny_config("test", rl=dict(max_staleness=max_staleness)), num_devices=1
     )
     trainer = Trainer.__new__(Trainer)
     trainer.config = config

@@ -182,7 +182,7 @@ LORA_FLAGS = (
 # Asynchronous RL: rollouts a policy one update old, TIS, continuous batching, envs stepped side
 # by side.
 ASYNC_FLAGS = (
-    "--config.rollout.max_staleness=1",
+    "--config.rl.max_staleness=1",
     "--config.rl.off_policy_correction=tis",
     "--config.rollout.batching=continuous",
     "--config.rollout.cohorts=2",
@@ -375,7 +375,7 @@ def test_export_writes_the_template_stop_as_eos(lora_run, tmp_path):
 
 
 def test_async_run_trains_each_iteration_on_a_rollout_one_update_old(async_run, reference_run):
-    """``rollout.max_staleness=1``: iteration 1 trains on a rollout of the policy as RL began
+    """``rl.max_staleness=1``: iteration 1 trains on a rollout of the policy as RL began
     (staleness 0: the first rollout is played before any update), iterations 2 and 3 on ones
     played during the update before them (staleness 1), weighed by TIS. The first rollout is
     the on-policy run's."""

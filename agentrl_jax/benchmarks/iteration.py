@@ -70,7 +70,7 @@ class Spec:
     model: str = "tiny"
     checkpoint: str = ""  # the model's checkpoint directory ("" for the tiny default's)
     quick: bool = False
-    # Config fields set last, ("rollout.max_staleness", 1) ... (another bench's variants).
+    # Config fields set last, ("rl.max_staleness", 1) ... (another bench's variants).
     overrides: tuple[tuple[str, Any], ...] = ()
     config: str = CONFIG  # the config file (``path[:arg]``) whose iterations are measured
 

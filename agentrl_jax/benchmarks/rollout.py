@@ -27,7 +27,7 @@ seconds, and the load average at the start and the end.
 
 Workload ``async_iterations_per_hour``: whole RL iterations of the default (``launch.bench
 iteration``'s run, SFT off) with the same slow envs, continuous batching and concurrent steps on
-both sides: ``ours`` asynchronous (``rollout.max_staleness=1``, TIS), the reference on-policy.
+both sides: ``ours`` asynchronous (``rl.max_staleness=1``, TIS), the reference on-policy.
 ``async_iterations_per_hour_default_rollout``: the same with the default's own rollout (waves,
 envs stepped in turn) on both sides.
 On 2 CPU cores the update's compute and the rollout's cannot overlap; the env latency is what
@@ -181,7 +181,7 @@ def run(quick: bool) -> Report:
 # played with continuous batching and envs stepped side by side.
 LATENCY = (("env.kwargs.step_latency_s", 0.2),)  # the default's own rollout otherwise
 SLOW_ENVS = LATENCY + (("env.concurrent_steps", True), ("rollout.batching", "continuous"))
-ASYNC = (("rollout.max_staleness", 1), ("rl.off_policy_correction", "tis"))
+ASYNC = (("rl.max_staleness", 1), ("rl.off_policy_correction", "tis"))
 ASYNC_REPEATS = 3  # timed processes per side, alternating, after one warm-up process each
 
 
@@ -215,7 +215,7 @@ def _async_iterations(quick: bool, both, workload: str) -> Row:
         per_hour["reference"],
         "iterations/h",
         extra={
-            "ours_is": "rollout.max_staleness=1, rl.off_policy_correction=tis",
+            "ours_is": "rl.max_staleness=1, rl.off_policy_correction=tis",
             "reference_is": "on-policy (max_staleness=0)",
             "both": {path: value for path, value in both},
             "iterations_s": {n: [round(p["wall_s"], 3) for p in ps] for n, ps in profiles.items()},

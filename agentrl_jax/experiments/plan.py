@@ -22,7 +22,7 @@ temporaries - aliased`` (less ``shared``: a LoRA run's score gets the policy's b
 the policy's and as the KL reference, the same buffers). ``resident`` is what the run holds
 outside the program's arguments while it runs (e.g. the reference policy during the update, the
 optimizer moments during a rollout), from the state's shapes; ``peak = total + resident`` is the
-figure to hold against a chip. Asynchronous RL (``rollout.max_staleness`` > 0) plays a rollout
+figure to hold against a chip. Asynchronous RL (``rl.max_staleness`` > 0) plays a rollout
 while the learner scores and updates: unless ``config.rollout_mesh`` gives the sampler devices of
 its own, the sampler's turn (its own copy of the policy, its KV cache, the turn's temporaries:
 the turn's ``total``) is resident beside ``score`` and ``rl_update`` (``rollout``).
@@ -164,7 +164,7 @@ def memory_plan(
     rows, seq = iteration_rows(config), rl_batch.length_bucket(config.rollout.max_seq_len)
     # Asynchronous RL on the learner's devices: a rollout plays beside score and rl_update,
     # on a copy of its own (``build.sync_sampler(copy=True)``: the update donates the state's).
-    background = config.rollout.max_staleness > 0 and rollout_mesh is None
+    background = config.rl.max_staleness > 0 and rollout_mesh is None
     sampler_mesh, sampler_params, owned = sampler_copy(
         model_cfg,
         state.policy,
@@ -541,7 +541,7 @@ def format_table(plan: dict[str, Any]) -> str:
     background = [p for p in plan["programs"] if p["per_device_bytes"].get("rollout")]
     if background:
         lines.append(
-            f"asynchronous RL (rollout.max_staleness > 0): the rollout played ahead, its copy of "
+            f"asynchronous RL (rl.max_staleness > 0): the rollout played ahead, its copy of "
             f"the policy, KV cache and turn temporaries "
             f"({gib(background[0]['per_device_bytes']['rollout'])} {unit} per device), is "
             "resident beside score and rl_update on the learner's devices."

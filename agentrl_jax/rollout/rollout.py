@@ -77,12 +77,6 @@ class RolloutConfig:
       side). Every episode draws with its own keys, so both play the same episodes.
     cohorts: ``continuous``: batches of rows that take turns on the device (each holds
       ``capacity // cohorts`` rows, at least one group).
-    max_staleness: RL only. S = 0: on-policy, each iteration plays its rollout, then trains
-      on it. S > 0: asynchronous: while the learner trains on iteration i's rollout, iteration
-      i + S's is played in the background by the policy as iteration i began; so every
-      rollout is trained on by a policy S updates newer than the one that played it (the
-      first S iterations' rollouts are played at the start, by the starting policy). Correct
-      for the lag with ``rl.off_policy_correction``.
     constrain_actions: constrained decoding: the policy can only write one of the
       observation's admissible commands (closed with the stop token). Every draw is from the
       policy masked to the tokens that continue an admissible command; the allowed ids are
@@ -103,7 +97,6 @@ class RolloutConfig:
     constrain_actions: bool = False
     batching: str = "waves"
     cohorts: int = 2
-    max_staleness: int = 0
 
     def __post_init__(self):
         if self.batching not in BATCHING:
@@ -115,8 +108,6 @@ class RolloutConfig:
         for name in ("group_size", "max_turns", "max_new_tokens", "max_seq_len", "cohorts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name} is {getattr(self, name)}; expected >= 1")
-        if self.max_staleness < 0:
-            raise ValueError(f"rollout.max_staleness is {self.max_staleness}; expected >= 0")
         if self.history_turns < 0:
             raise ValueError(f"rollout.history_turns is {self.history_turns}; expected >= 0")
         if self.max_new_tokens >= self.max_seq_len:

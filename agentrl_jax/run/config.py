@@ -409,6 +409,13 @@ class RLSection:
     # (tokens whose ratio leaves [1 / is_cap, is_cap] masked).
     off_policy_correction: str = _SPEC.off_policy_correction
     is_cap: float = _SPEC.is_cap
+    # The iteration's schedule. S = 0: on-policy, each iteration plays its rollout, then trains
+    # on it. S > 0: asynchronous: while the learner trains on iteration i's rollout, iteration
+    # i + S's is played in the background by the policy as iteration i began; so every rollout
+    # is trained on by a policy S updates newer than the one that played it (the first S
+    # iterations' rollouts are played at the start, by the starting policy). Correct for the
+    # lag with off_policy_correction.
+    max_staleness: int = 0
 
     def __post_init__(self):
         _choice("config.rl.algo", self.algo, kernels.advantage_estimators())
@@ -422,6 +429,7 @@ class RLSection:
             _positive(f"config.rl.{name}", getattr(self, name))
         for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
             _integer(f"config.rl.{name}", getattr(self, name), 1)
+        _integer("config.rl.max_staleness", self.max_staleness, 0)
         _microbatch("rl", self.microbatch_size, "minibatch_size", self.minibatch_size)
         for name in ("kl_coef", "entropy_coef", "value_coef"):
             _non_negative(f"config.rl.{name}", getattr(self, name))

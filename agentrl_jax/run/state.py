@@ -47,7 +47,7 @@ class RunState:
       checkpoint: the number of the last checkpoint written (-1: none yet).
       sft_iterator: during SFT, the data iterator's state at the last epoch's end (None at the
         start of SFT, and after it).
-      pending: asynchronous RL (``rollout.max_staleness > 0``): the rollouts played for the
+      pending: asynchronous RL (``rl.max_staleness > 0``): the rollouts played for the
         iterations to come and not trained on yet, as ``PendingRollout.to_json``
         (``rollout/ahead.py``), so a resumed run trains on exactly them: none lost, none played
         twice.

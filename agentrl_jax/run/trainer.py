@@ -452,9 +452,9 @@ class Trainer:
     def rl_iteration(self, it: int) -> dict[str, float]:
         """One iteration: pick tasks, roll out, assign credit, update. Returns its metrics.
 
-        With ``rollout.max_staleness`` > 0 the rollout was played ahead (``async_iteration``).
+        With ``rl.max_staleness`` > 0 the rollout was played ahead (``async_iteration``).
         """
-        if self.config.rollout.max_staleness:
+        if self.config.rl.max_staleness:
             return self.async_iteration(it)
         tasks, rng, np_rng = self._iteration_draws(it)
         trajs, seconds = self._play(tasks, rng, self.run_state.policy_version)
@@ -487,7 +487,7 @@ class Trainer:
         return tasks, rng, np_rng
 
     def async_iteration(self, it: int) -> dict[str, float]:
-        """Iteration ``it`` of asynchronous RL (``rollout.max_staleness`` = S > 0).
+        """Iteration ``it`` of asynchronous RL (``rl.max_staleness`` = S > 0).
 
         Iteration ``it + S``'s rollout starts in the background, played by the policy as this
         iteration begins (its own copy of the weights in the sampler), while the learner trains
@@ -501,7 +501,7 @@ class Trainer:
         process's share only, and the shares are gathered here, on the main thread, after the
         update (whose programs and gathers then run in the same order on every host).
         """
-        stale, total = self.config.rollout.max_staleness, self.num_rl_iterations()
+        stale, total = self.config.rl.max_staleness, self.num_rl_iterations()
         for later in range(it, min(it + stale, total)):
             if later not in self.pending:
                 self.pending[later] = self._play_ahead(later, self.run_state.policy_version)
@@ -564,7 +564,7 @@ class Trainer:
         rl = self.config.rl
         good = [t for t in trajs if not t.infra_failure and t.steps]
         metrics = rollout_metrics(trajs)
-        if self.config.rollout.max_staleness:
+        if self.config.rl.max_staleness:
             metrics.update(ahead.staleness_metrics(trajs, self.run_state.policy_version))
         metrics["curriculum/stage"] = float(self.curriculum.stage)
         if not good:

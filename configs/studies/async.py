@@ -3,7 +3,7 @@ r"""Does asynchronous RL cost the policy anything? Rollouts up to S updates old,
     python -m launch.study --study=configs/studies/async.py --workdir=studies/async
 
 The built-in default (``configs/tiny_textworld.py``: 60 demonstrations of SFT, then 20 GRPO
-iterations of 64 episodes on simple games) on-policy (``rollout.max_staleness=0``), against the
+iterations of 64 episodes on simple games) on-policy (``rl.max_staleness=0``), against the
 same run whose rollouts are played by the policy 1 or 2 updates old, in the background while the
 learner trains (``max_staleness=1`` and ``2``), the lag corrected by truncated importance
 sampling (``rl.off_policy_correction=tis``, cap 2). No step latency: this asks what the lag does
@@ -22,8 +22,8 @@ def get_study():
         overrides={},
         variants={
             "on_policy": {},
-            "stale1_tis": {"rollout.max_staleness": 1, **tis},
-            "stale2_tis": {"rollout.max_staleness": 2, **tis},
+            "stale1_tis": {"rl.max_staleness": 1, **tis},
+            "stale2_tis": {"rl.max_staleness": 2, **tis},
         },
         reference="on_policy",
         seeds=(0, 1, 2),
