@@ -75,7 +75,7 @@ def export(config, workdir: str, out: str, what: str = "merged", dtype: str | No
     from agentrl_jax.models import hf_checkpoint, peft
     from agentrl_jax.run import build
 
-    if what == "adapter" and config.model.lora.rank == 0:
+    if what == "adapter" and not config.model.lora.enabled:
         cli.fail(
             f"export: --what=adapter needs a LoRA run; {workdir} trained every parameter "
             "(config.model.lora.rank is 0): use --what=merged"

@@ -381,3 +381,11 @@ def test_step_latency_is_checked_naming_the_field():
     cd.env.kwargs = dict(cd.env.kwargs, step_latency_s=[0.3, 0.1])
     with pytest.raises(ConfigError, match=r"config.env.kwargs.step_latency_s is \[0.3, 0.1\]"):
         from_config_dict(cd)
+
+
+def test_a_lora_run_is_told_by_one_predicate():
+    """``config.model.lora.enabled`` (rank > 0) is the one test of a LoRA run."""
+    off = from_config_dict(_config())
+    on = from_config_dict(_config(model={"lora": {"rank": 4}}, rl={"loss": "pg"}))
+    assert not off.model.lora.enabled and off.model.lora.lora_config() is None
+    assert on.model.lora.enabled and on.model.lora.lora_config().rank == 4

@@ -149,7 +149,7 @@ def memory_plan(
     # projections (their base's logical axes, so laid out like it), the base frozen.
     lora_cfg = config.model.lora.lora_config()
     rl_pol = policy
-    if lora_cfg is not None:
+    if config.model.lora.enabled:
         rl_cfg = model_cfg.replace(lora=lora_cfg, param_dtype=DTYPES[config.model.lora.base_dtype])
         rl_pol = nnx.eval_shape(lambda: Qwen2ForCausalLM(rl_cfg, rngs=nnx.Rngs(0)))
     critic = None
@@ -170,7 +170,7 @@ def memory_plan(
         state.policy,
         mesh if rollout_mesh is None else rollout_mesh,
         local_devices,
-        lora=learner.lora,
+        lora=config.model.lora.enabled,
         rollout=rollout_mesh is not None,
         copy=background,
     )
@@ -223,7 +223,7 @@ def memory_plan(
             "dtype": config.model.dtype,
             "remat": bool(config.model.remat),
             "lora": None
-            if lora_cfg is None
+            if not config.model.lora.enabled
             else {
                 "rank": lora_cfg.rank,
                 "targets": list(lora_cfg.targets),

@@ -91,6 +91,8 @@ def rl_policy(config: RunConfig, policy: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
     from agentrl_jax.models import lora
 
     section = config.model.lora
+    if not section.enabled:
+        return policy
     return lora.apply_lora(
         policy, section.lora_config(), seed=config.seed, base_dtype=DTYPES[section.base_dtype]
     )

@@ -157,11 +157,18 @@ class LoraSection:
             targets = ",".join(t for t in LORA_TARGETS if t in names)
         object.__setattr__(self, "targets", targets.strip())
 
+    @property
+    def enabled(self) -> bool:
+        """Whether this is a LoRA run (``rank`` > 0: the RL phase trains adapters only): the
+        one test of it, for the config's checks, the RL policy, the trainer's adapter export,
+        ``launch.export`` and the memory plan."""
+        return self.rank > 0
+
     def lora_config(self):
-        """The model's ``LoraConfig``, or None when ``rank`` is 0."""
+        """The model's ``LoraConfig``, or None when this is no LoRA run."""
         from agentrl_jax.models.config import LoraConfig
 
-        if self.rank == 0:
+        if not self.enabled:
             return None
         return LoraConfig(
             rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=self.targets
@@ -585,7 +592,7 @@ class RunConfig:
                 f"config.rollout.group_size >= 2 (got {rollout.group_size})"
             )
         lora = self.model.lora
-        if lora.rank > 0 and lora.dropout > 0 and rl.loss == "ppo":
+        if lora.enabled and lora.dropout > 0 and rl.loss == "ppo":
             raise ConfigError(
                 f"config.model.lora.dropout={lora.dropout} with config.rl.loss='ppo': the RL "
                 "steps drop adapter inputs but the old log-probs are scored without dropout, so "

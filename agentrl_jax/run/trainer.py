@@ -269,7 +269,7 @@ class Trainer:
         if self.run_state.phase == "rl":
             self.run_rl()
         self.checkpointer.wait()
-        if self.run_state.phase == "done" and self.learner.lora:
+        if self.run_state.phase == "done" and self.config.model.lora.enabled:
             self.export_adapter()
         return self.run_state.evals
 
