@@ -105,13 +105,18 @@ def test_rl_section_defaults_are_declared_once_where_the_settings_are():
     )
 
 
-def test_a_hand_built_spec_must_agree_with_its_kl():
-    with pytest.raises(ValueError, match=r"RLSpec.weights.kl is 0.0, but the KL spec"):
-        RLSpec(kl=KLSpec(coef=0.1))
-    with pytest.raises(ValueError, match=r"RLSpec.advantage.kl_coef"):
-        RLSpec(advantage=kernels.AdvantageConfig(kl_coef=0.1))
+def test_a_hand_built_spec_takes_its_kl_from_kl_alone():
+    """The KL is set once (``RLSpec.kl``); the kernels' configs' copies are made from it."""
+    loss_mode = RLSpec(kl=KLSpec(coef=0.1, estimator="k1", clamp=5.0))
+    assert loss_mode.weights.kl == 0.1 and loss_mode.advantage.kl_coef == 0.0
+    assert (loss_mode.loss.kl_estimator, loss_mode.loss.kl_clamp) == ("k1", 5.0)
+    reward_mode = RLSpec(kl=KLSpec(mode="reward", coef=0.2))
+    assert reward_mode.weights.kl == 0.0 and reward_mode.advantage.kl_coef == 0.2
+    # A copy given in a kernel's config is not a second setting: it follows the KL's.
+    assert RLSpec(advantage=kernels.AdvantageConfig(kl_coef=0.1)).advantage.kl_coef == 0.0
+    assert RLSpec(weights=LossWeights(kl=0.3)) == RLSpec()
     ok = RLSpec.for_losses(weights=LossWeights(kl=0.1))
-    assert ok.kl.needs_reference and ok.kl.mode == "loss"
+    assert ok.kl.needs_reference and ok.kl.mode == "loss" and ok.weights.kl == 0.1
 
 
 def test_the_learner_takes_a_spec_or_its_settings_not_both():

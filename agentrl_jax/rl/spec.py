@@ -92,12 +92,14 @@ class RLSpec:
 
     Attributes:
       algo: the registered advantage estimator (``kernels.get_advantage_spec``).
-      advantage: its settings; ``kl_coef`` is ``kl.reward_coef``.
+      advantage: its settings; its ``kl_coef`` is derived, ``kl.reward_coef``.
       policy_loss: the registered policy loss (``kernels.get_policy_loss``).
-      loss: the losses' settings; ``ratio_level`` resolved, ``kl_estimator`` / ``kl_clamp``
-        are ``kl``'s.
-      weights: the total loss's coefficients; ``kl`` is ``kl.loss_coef``.
-      kl: the KL to the frozen reference.
+      loss: the losses' settings; ``ratio_level`` resolved; its ``kl_estimator`` /
+        ``kl_clamp`` are derived, ``kl``'s.
+      weights: the total loss's coefficients; its ``kl`` is derived, ``kl.loss_coef``.
+      kl: the KL to the frozen reference: the one place the KL is set. The kernels' configs
+        carry copies of it (``advantage``, ``loss``, ``weights``), which are made from it here
+        whatever they held, so they cannot disagree.
       envrl: the ENVRL auxiliary losses (weights and resolved horizon), or None.
       envrl_by_updates: the ENVRL weights decay over RL updates (``envrl.horizon`` set), else
         over the RL phase's progress in iterations (``rl/envrl_data.py:schedule_step``).
@@ -133,20 +135,16 @@ class RLSpec:
     is_cap: float = 2.0
 
     def __post_init__(self):
-        """Each KL setting has one value, wherever a kernel's config carries a copy of it."""
+        """The KL is set once, in ``kl``: the copies the kernels' configs carry are made from
+        it."""
         kl = self.kl
-        copies = {
-            "loss.kl_estimator": (self.loss.kl_estimator, kl.estimator),
-            "loss.kl_clamp": (self.loss.kl_clamp, kl.clamp),
-            "weights.kl": (self.weights.kl, kl.loss_coef),
-            "advantage.kl_coef": (self.advantage.kl_coef, kl.reward_coef),
+        derived = {
+            "advantage": dataclasses.replace(self.advantage, kl_coef=kl.reward_coef),
+            "loss": dataclasses.replace(self.loss, kl_estimator=kl.estimator, kl_clamp=kl.clamp),
+            "weights": dataclasses.replace(self.weights, kl=kl.loss_coef),
         }
-        for name, (got, want) in copies.items():
-            if got != want:
-                raise ValueError(
-                    f"RLSpec.{name} is {got!r}, but the KL spec ({kl}) makes it {want!r}; build "
-                    "the spec with RLSpec.from_sections or RLSpec.for_losses"
-                )
+        for name, value in derived.items():
+            object.__setattr__(self, name, value)
         if not self.temperature > 0:
             raise ValueError(f"RLSpec.temperature is {self.temperature!r}; expected > 0")
         if self.microbatch_size and self.minibatch_size % self.microbatch_size:
@@ -193,7 +191,7 @@ class RLSpec:
             advantage=advantage_config(rl),
             policy_loss=rl.loss,
             loss=loss_config(rl),
-            weights=LossWeights(value=rl.value_coef, kl=kl.loss_coef, entropy=rl.entropy_coef),
+            weights=LossWeights(value=rl.value_coef, entropy=rl.entropy_coef),
             kl=kl,
             envrl=envrl_config,
             envrl_by_updates=bool(envrl.horizon),
@@ -247,7 +245,8 @@ def kl_spec(rl: Any) -> KLSpec:
 
 
 def advantage_config(rl: Any) -> kernels.AdvantageConfig:
-    """The estimators' settings of an ``rl`` section (the KL penalty in reward mode only)."""
+    """The estimators' settings of an ``rl`` section (the KL penalty in reward mode only, as
+    ``RLSpec`` derives it)."""
     return kernels.AdvantageConfig(
         gamma=rl.gamma,
         lam=rl.lam,
@@ -273,6 +272,6 @@ def loss_config(rl: Any) -> kernels.LossConfig:
         ratio_level=ratio_level(rl),
         aggregation=rl.aggregation,
         value_clip=rl.value_clip,
-        kl_estimator=rl.kl_estimator,
-        kl_clamp=rl.kl_clamp,
+        kl_estimator=kl_spec(rl).estimator,
+        kl_clamp=kl_spec(rl).clamp,
     )
