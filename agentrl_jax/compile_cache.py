@@ -20,7 +20,7 @@ import os
 
 import jax
 
-from agentrl_jax.envs.games import cache_dir
+from agentrl_jax.envs.textworld.games import cache_dir
 
 OFF = "off"
 MAX_BYTES = 4 * 2**30  # the folder's bound; least recently used entries go first

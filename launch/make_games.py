@@ -12,7 +12,7 @@ $AGENTRL_CACHE, else ~/.cache/agentrl_jax.
 
 from absl import app, flags
 
-from agentrl_jax.envs import games
+from agentrl_jax.envs.textworld import games
 
 _SPEC = flags.DEFINE_string("spec", "simple", "Game spec (see the module docstring).")
 _SPLIT = flags.DEFINE_enum("split", "train", list(games.SPLITS), "Which seed range.")

@@ -1,6 +1,6 @@
 r"""Builds SWE tasks offline from pure-Python packages with their own pytest suites.
 
-    # pinned sdists from PyPI (sha256-checked), see agentrl_jax.swe.build.PINNED_SDISTS
+    # pinned sdists from PyPI (sha256-checked), see agentrl_jax.envs.swe.build.PINNED_SDISTS
     python -m launch.make_swe_tasks --package=parse --package=cachetools --out=swe_tasks
     # an unpacked package tree
     python -m launch.make_swe_tasks --package_dir=path/to/pkg --out=swe_tasks
@@ -13,7 +13,7 @@ import os
 
 from absl import app, flags
 
-from agentrl_jax.swe import build
+from agentrl_jax.envs.swe import build
 
 _PACKAGE = flags.DEFINE_multi_string("package", [], "Pinned sdist name (see PINNED_SDISTS).")
 _PACKAGE_DIR = flags.DEFINE_multi_string("package_dir", [], "Unpacked package source tree.")

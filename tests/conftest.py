@@ -29,7 +29,7 @@ def textworld_games(tmp_path_factory):
     ``valid`` (1 simple game), ``test`` (1 simple game: the ``:test`` config's report) and
     ``cooking`` (1 tw-cooking game, max score 3).
     """
-    from agentrl_jax.envs import games
+    from agentrl_jax.envs.textworld import games
 
     root = tmp_path_factory.getbasetemp() / "agentrl_cache"
     cooking = "tw-cooking:recipe=1,take=1,go=1"

@@ -12,7 +12,7 @@ import pytest
 from agentrl_jax.envs import registry
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Env, Observation, Task, stable_key
-from agentrl_jax.envs.textworld_env import TextWorldEnv
+from agentrl_jax.envs.textworld.env import TextWorldEnv
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not fully supported")
 

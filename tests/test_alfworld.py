@@ -11,8 +11,10 @@ import tarfile
 
 import pytest
 
-from agentrl_jax.envs import alfworld_data, alfworld_games, alfworld_scenes
-from agentrl_jax.envs.alfworld_env import ALFWorldEnv, clean_action, success_by_task_type
+from agentrl_jax.envs.alfworld import data as alfworld_data
+from agentrl_jax.envs.alfworld import games as alfworld_games
+from agentrl_jax.envs.alfworld import scenes as alfworld_scenes
+from agentrl_jax.envs.alfworld.env import ALFWorldEnv, clean_action, success_by_task_type
 from agentrl_jax.envs.base import Task
 
 NOTHING = "Nothing happens."
@@ -343,7 +345,7 @@ def test_bad_task_input_gives_clear_errors_and_the_env_survives(demo, tmp_path):
 
 def test_fast_engine_gives_identical_episodes(demo):
     """alfworld_speedups against TextWorld's own code: every text, command list and key equal."""
-    from agentrl_jax.envs import alfworld_speedups
+    from agentrl_jax.envs.alfworld import speedups as alfworld_speedups
 
     _, _, env = demo
     task = _task("pick_clean_then_place_in_recep")

@@ -2,8 +2,8 @@
 
 import pytest
 
-from agentrl_jax.envs import alfworld_data
-from agentrl_jax.envs.alfworld_env import ALFWorldEnv, success_by_task_type
+from agentrl_jax.envs.alfworld import data as alfworld_data
+from agentrl_jax.envs.alfworld.env import ALFWorldEnv, success_by_task_type
 from agentrl_jax.envs.base import Task
 
 pytestmark = pytest.mark.shared_data

@@ -21,8 +21,10 @@ import zlib
 
 import pytest
 
-from agentrl_jax.envs import alfworld_data, alfworld_scenes, registry
+from agentrl_jax.envs import registry
 from agentrl_jax.envs.actors import ActorPool
+from agentrl_jax.envs.alfworld import data as alfworld_data
+from agentrl_jax.envs.alfworld import scenes as alfworld_scenes
 from agentrl_jax.envs.base import Task
 
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not fully supported")

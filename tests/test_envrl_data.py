@@ -10,7 +10,7 @@ import pytest
 
 from agentrl_jax import kernels
 from agentrl_jax.envs.actors import StepResult
-from agentrl_jax.envs.textworld_env import TextWorldEnv
+from agentrl_jax.envs.textworld.env import TextWorldEnv
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rl import envrl_data
 from agentrl_jax.rollout.chat import get_template

@@ -1,7 +1,8 @@
 """The house's layers (issue #33, docs/architecture.md "Where each piece lives"): each folder of
 agentrl_jax is one stage of the data flow, and nothing imports from a layer above its own.
 
-    parts        models/ sampling/ kernels/ envs/ swe/ sharding timing chaos stats compile_cache
+    parts        models/ sampling/ kernels/ envs/ sharding timing chaos stats compile_cache
+                 (envs/: the contract, registry and actor pool; each env family a subpackage)
     rl, rollout  the learner's math; episodes, waves, tasks by family, chat templates
     run          config, the trainer's assembly and phase loop, held-out evaluation and its
                  reports, checkpoints, multi-host, ...
@@ -35,7 +36,6 @@ LAYER_OF = {
             "sampling",
             "kernels",
             "envs",
-            "swe",
             "sharding",
             "timing",
             "chaos",
@@ -159,7 +159,7 @@ def test_the_import_graph_is_read():
     """A guard on the parser: edges the package is known to have are found."""
     assert "agentrl_jax.rl.learner" in GRAPH["agentrl_jax.run.trainer"]
     assert "agentrl_jax.kernels" in GRAPH["agentrl_jax.rl.learner"]  # from agentrl_jax import x
-    assert "agentrl_jax.swe.grading" in GRAPH["agentrl_jax.swe.tasks"]  # deferred
+    assert "agentrl_jax.envs.swe.grading" in GRAPH["agentrl_jax.envs.swe.tasks"]  # deferred
     assert all(name.startswith("agentrl_jax") for name in MODULES)
 
 
@@ -193,6 +193,32 @@ def _show(cycles: set[frozenset[str]]) -> str:
     return "; ".join(" <-> ".join(sorted(c)) for c in sorted(cycles, key=sorted))
 
 
+# The env families, each a subpackage of envs/ (registered by import path in envs/registry.py).
+ENV_FAMILIES = ("textworld", "alfworld", "swe")
+
+
+def _family(name: str) -> str | None:
+    """The env family module ``name`` belongs to, or None."""
+    parts = name.split(".")
+    if parts[:2] == ["agentrl_jax", "envs"] and len(parts) > 2 and parts[2] in ENV_FAMILIES:
+        return parts[2]
+    return None
+
+
+def test_envs_imports_no_env_family():
+    """envs/ outside the family subpackages (the contract, the registry, the actor pool) imports
+    no family, and a family imports no other family: the registry names them by path."""
+    assert {_family(n) for n in MODULES} >= set(ENV_FAMILIES), "a family subpackage is missing"
+    found = sorted(
+        f"{a} -> {b}"
+        for a, targets in GRAPH.items()
+        if a.startswith("agentrl_jax.envs")
+        for b in targets
+        if _family(b) and _family(b) != _family(a)
+    )
+    assert not found, f"envs/ imports an env family: {found}"
+
+
 # Module names that were moved (issue #33) and are no more: one name per thing.
 OLD_NAMES = (
     "agentrl_jax.training",
@@ -201,6 +227,10 @@ OLD_NAMES = (
     "agentrl_jax.run.cli",
     "agentrl_jax.run.defaults",
     "agentrl_jax.experiments.stats",
+    "agentrl_jax.swe",
+    "agentrl_jax.envs.games",
+    "agentrl_jax.envs.textworld_env",
+    "agentrl_jax.envs.alfworld_data",
 )
 
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from agentrl_jax.swe import actions, grading, mutations
-from agentrl_jax.swe.runtime import filter_patch, is_protected, patch_files
-from agentrl_jax.swe.tasks import TaskFormatError, from_record, load_jsonl, write_jsonl
+from agentrl_jax.envs.swe import actions, grading, mutations
+from agentrl_jax.envs.swe.runtime import filter_patch, is_protected, patch_files
+from agentrl_jax.envs.swe.tasks import TaskFormatError, from_record, load_jsonl, write_jsonl
 
 RECORD = {
     "instance_id": "o__r-1",

@@ -8,9 +8,9 @@ import tarfile
 
 import pytest
 
-from agentrl_jax.swe.docker_runtime import DockerRuntime, image_name
-from agentrl_jax.swe.runtime import RuntimeSetupError
-from agentrl_jax.swe.tasks import from_record
+from agentrl_jax.envs.swe.docker_runtime import DockerRuntime, image_name
+from agentrl_jax.envs.swe.runtime import RuntimeSetupError
+from agentrl_jax.envs.swe.tasks import from_record
 
 TASK = from_record(
     {
@@ -126,7 +126,7 @@ def test_evaluate_failures():
 
 def test_docker_is_imported_lazily():
     code = (
-        "import sys, agentrl_jax.swe.docker_runtime as d\n"
+        "import sys, agentrl_jax.envs.swe.docker_runtime as d\n"
         "assert 'docker' not in sys.modules\n"
         "sys.modules['docker'] = None\n"  # makes `import docker` fail
         "rt = d.DockerRuntime()\n"

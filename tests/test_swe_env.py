@@ -12,10 +12,10 @@ import textwrap
 import pytest
 
 from agentrl_jax.envs.base import Task
-from agentrl_jax.swe import build, toy_package
-from agentrl_jax.swe.env import SweEnv
-from agentrl_jax.swe.runtime import LocalRuntime
-from agentrl_jax.swe.tasks import load_jsonl
+from agentrl_jax.envs.swe import build, toy_package
+from agentrl_jax.envs.swe.env import SweEnv
+from agentrl_jax.envs.swe.runtime import LocalRuntime
+from agentrl_jax.envs.swe.tasks import load_jsonl
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Passes on every odd run, fails on every even one: a flaky test the builder must drop.

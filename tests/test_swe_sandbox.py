@@ -15,8 +15,8 @@ import uuid
 
 import pytest
 
-from agentrl_jax.swe import sandbox as sandbox_lib
-from agentrl_jax.swe.sandbox import Limits, Sandbox
+from agentrl_jax.envs.swe import sandbox as sandbox_lib
+from agentrl_jax.envs.swe.sandbox import Limits, Sandbox
 
 BACKENDS = [
     pytest.param(

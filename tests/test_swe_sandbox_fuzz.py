@@ -31,7 +31,7 @@ from collections.abc import Callable
 import pytest
 import test_swe_sandbox as base
 
-from agentrl_jax.swe.sandbox import ExecResult, Limits, Sandbox
+from agentrl_jax.envs.swe.sandbox import ExecResult, Limits, Sandbox
 
 BEGIN = "__fuzz_begin__"
 ESCAPED = "ESCAPED"

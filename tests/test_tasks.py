@@ -44,7 +44,7 @@ def test_alfworld_levels_are_task_types_and_splits_are_the_benchmarks(shared_dat
 
 
 def test_spread_order_prefixes_cover_the_range_evenly():
-    from agentrl_jax.envs.alfworld_data import spread_order
+    from agentrl_jax.envs.alfworld.data import spread_order
 
     for n in (0, 1, 2, 5, 8, 13, 3553):
         order = spread_order(n)
@@ -59,7 +59,7 @@ def test_alfworld_first_train_tasks_span_every_type(shared_data):
     of the split; the sorted ids would give ``look_at_obj_in_light`` alone."""
     from collections import Counter
 
-    from agentrl_jax.envs.alfworld_data import task_type_of
+    from agentrl_jax.envs.alfworld.data import task_type_of
 
     kwargs = {"data_dir": str(shared_data / "alfworld")}
     every = make_tasks("alfworld", "all", "train", 10_000, kwargs)
@@ -90,10 +90,12 @@ def test_unknown_env_lists_the_valid_ones():
 
 
 def test_the_built_in_families_task_sources_live_beside_their_envs():
-    """The registry names the built-in task sources and hooks by object, from envs/ and swe/
-    (not by a string up into rollout/)."""
-    from agentrl_jax.envs import alfworld_data, games, registry
-    from agentrl_jax.swe import tasks as swe_tasks
+    """Each built-in family's task source and hooks live in its own subpackage of envs/, which
+    the registry names by import path (it imports no family)."""
+    from agentrl_jax.envs import registry
+    from agentrl_jax.envs.alfworld import data as alfworld_data
+    from agentrl_jax.envs.swe import tasks as swe_tasks
+    from agentrl_jax.envs.textworld import games
 
     for name, module in (("textworld", games), ("alfworld", alfworld_data), ("swe", swe_tasks)):
         family = registry.family(name)

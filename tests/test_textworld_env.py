@@ -11,9 +11,10 @@ import sys
 import pytest
 import textworld
 
-from agentrl_jax.envs import games, registry
+from agentrl_jax.envs import registry
 from agentrl_jax.envs.base import Task
-from agentrl_jax.envs.textworld_env import GameFileError, TextWorldEnv, clean_text
+from agentrl_jax.envs.textworld import games
+from agentrl_jax.envs.textworld.env import GameFileError, TextWorldEnv, clean_text
 
 # The raw reference envs load TextWorld games in Jericho, which warns it cannot track their score.
 pytestmark = pytest.mark.filterwarnings("ignore:.*is not fully supported")

@@ -33,11 +33,13 @@ import time
 from typing import Any
 
 from agentrl_jax.benchmarks.report import Row
-from agentrl_jax.envs import alfworld_data, alfworld_scenes, alfworld_speedups
-from agentrl_jax.envs.alfworld_env import ALFWorldEnv
+from agentrl_jax.envs.alfworld import data as alfworld_data
+from agentrl_jax.envs.alfworld import scenes as alfworld_scenes
+from agentrl_jax.envs.alfworld import speedups as alfworld_speedups
+from agentrl_jax.envs.alfworld.env import ALFWorldEnv
 from agentrl_jax.envs.base import Task
 
-ENV_PATH = "agentrl_jax.envs.alfworld_env:ALFWorldEnv"
+ENV_PATH = "agentrl_jax.envs.alfworld.env:ALFWorldEnv"
 _SHARED_PACK = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "alfworld"
 
 

@@ -175,7 +175,7 @@ def measure_env(
 
 
 def _textworld(quick: bool, workers: int) -> tuple[list[Row], dict[str, Any]]:
-    from agentrl_jax.envs import games  # noqa: PLC0415
+    from agentrl_jax.envs.textworld import games  # noqa: PLC0415
 
     n_games = 2 if quick else 16  # Full: two rounds of 8 distinct games (a reset loads a file).
     t0 = time.perf_counter()

@@ -20,9 +20,9 @@ import sys
 import tempfile
 
 from agentrl_jax.benchmarks.report import Report, Row, timed
-from agentrl_jax.swe import build, grading, toy_package
-from agentrl_jax.swe.runtime import LocalRuntime
-from agentrl_jax.swe.sandbox import BACKENDS, Limits, Sandbox, SandboxError, run_capped
+from agentrl_jax.envs.swe import build, grading, toy_package
+from agentrl_jax.envs.swe.runtime import LocalRuntime
+from agentrl_jax.envs.swe.sandbox import BACKENDS, Limits, Sandbox, SandboxError, run_capped
 
 OVERHEAD_TARGET_MS = 100.0
 

@@ -22,7 +22,7 @@ then holds up only its own episode, and engines that release the GIL (TextWorld'
 run side by side. An env's own ops never overlap: the pool sends an episode's next op only after
 its answer. Resets always run one at a time (loading a TextWorld game is not thread-safe), on the
 worker's loop thread, beside other envs' steps: an engine that keeps per-process state guards it
-itself (ALFWorld's takes a per-process lock, ``alfworld_engine.ENGINE_LOCK``).
+itself (ALFWorld's takes a per-process lock, ``envs/alfworld/engine.py``'s ``ENGINE_LOCK``).
 
 Faults: a worker that dies (segfault, ``os._exit``, OOM kill), or that has not answered an op
 within ``step_timeout_s`` (``reset_timeout_s`` for a reset) of sending it, is killed and

@@ -21,9 +21,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from agentrl_jax.envs import alfworld_data, games
 from agentrl_jax.envs.base import Env, LatencyEnv, split_latency
-from agentrl_jax.swe import tasks as swe_tasks
 
 TRAIN_SPLIT = "train"  # the split every family trains on (demonstrations, RL)
 
@@ -257,32 +255,32 @@ def _import_path(factory: Callable[..., Any]) -> str:
     return f"{module}:{qualname}"
 
 
-# The built-in families, registered like a user's. Their task sources and hooks live beside
-# their envs, in light modules (textworld itself, ALFWorld's data and SWE's tasks are read only
-# when called); the envs, which import heavy packages, are named by path.
+# The built-in families, registered like a user's, by import path: this module imports no family
+# (each lives in its own subpackage, envs/textworld/, envs/alfworld/, envs/swe/, and nothing of it
+# is imported until a task or an env of it is asked for).
 register(
     "textworld",
-    "agentrl_jax.envs.textworld_env:TextWorldEnv",
-    make_tasks=games.textworld_tasks,
+    "agentrl_jax.envs.textworld.env:TextWorldEnv",
+    make_tasks="agentrl_jax.envs.textworld.games:textworld_tasks",
     splits=(TRAIN_SPLIT, "valid", "test"),
     eval_split="valid",
     report_split="test",
-    task_type=games.textworld_task_type,
-    prepare=games.textworld_prepare,
+    task_type="agentrl_jax.envs.textworld.games:textworld_task_type",
+    prepare="agentrl_jax.envs.textworld.games:textworld_prepare",
 )
 register(
     "alfworld",
-    "agentrl_jax.envs.alfworld_env:ALFWorldEnv",
-    make_tasks=alfworld_data.alfworld_tasks,
+    "agentrl_jax.envs.alfworld.env:ALFWorldEnv",
+    make_tasks="agentrl_jax.envs.alfworld.data:alfworld_tasks",
     splits=(TRAIN_SPLIT, "valid_seen", "valid_unseen"),
     eval_split="valid_unseen",
     report_split="valid_unseen",  # no third split: the report reads the evaluations' split
-    task_type=alfworld_data.alfworld_task_type,
+    task_type="agentrl_jax.envs.alfworld.data:alfworld_task_type",
 )
 register(
     "swe",
-    "agentrl_jax.swe.env:SweEnv.from_jsonl",
-    make_tasks=swe_tasks.swe_tasks,
+    "agentrl_jax.envs.swe.env:SweEnv.from_jsonl",
+    make_tasks="agentrl_jax.envs.swe.tasks:swe_tasks",
     splits=(TRAIN_SPLIT, "eval"),
     eval_split="eval",
     report_split="eval",

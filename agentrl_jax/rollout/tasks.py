@@ -16,8 +16,8 @@ splits are those ``launch.eval --split`` accepts.
 Every family, built-in or a user's, registers its task source with the env registry
 (``register_env(name, factory, make_tasks=..., splits=..., eval_split=..., report_split=...)``);
 :func:`make_tasks` asks the registry. The built-in families' sources live beside their envs
-(TextWorld's in ``envs/games.py``, ALFWorld's in ``envs/alfworld_data.py``, SWE's in
-``swe/tasks.py``).
+(TextWorld's in ``envs/textworld/games.py``, ALFWorld's in ``envs/alfworld/data.py``, SWE's in
+``envs/swe/tasks.py``).
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ import tarfile
 import time
 from typing import Any
 
-from agentrl_jax.swe import grading
-from agentrl_jax.swe.runtime import (
+from agentrl_jax.envs.swe import grading
+from agentrl_jax.envs.swe.runtime import (
     EvalResult,
     Runtime,
     RuntimeSetupError,
@@ -25,8 +25,8 @@ from agentrl_jax.swe.runtime import (
     grade_log,
     patch_files,
 )
-from agentrl_jax.swe.sandbox import ExecResult
-from agentrl_jax.swe.tasks import SweTask
+from agentrl_jax.envs.swe.sandbox import ExecResult
+from agentrl_jax.envs.swe.tasks import SweTask
 
 # SWE-Gym's images on Docker Hub; '__' in instance ids becomes '_s_' in image names.
 SWE_GYM_IMAGE = "docker.io/xingyaoww/sweb.eval.x86_64.{instance}"

@@ -33,10 +33,10 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from agentrl_jax.swe import grading, mutations
-from agentrl_jax.swe.runtime import _GIT, LocalRuntime, is_protected
-from agentrl_jax.swe.sandbox import DEFAULT_HIDDEN, Limits, Sandbox
-from agentrl_jax.swe.tasks import SweTask, write_jsonl
+from agentrl_jax.envs.swe import grading, mutations
+from agentrl_jax.envs.swe.runtime import _GIT, LocalRuntime, is_protected
+from agentrl_jax.envs.swe.sandbox import DEFAULT_HIDDEN, Limits, Sandbox
+from agentrl_jax.envs.swe.tasks import SweTask, write_jsonl
 
 BUILDER_VERSION = 1
 

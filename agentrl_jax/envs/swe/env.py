@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrl_jax.envs.base import Env, Observation, Task, stable_key
-from agentrl_jax.swe import actions
-from agentrl_jax.swe.runtime import LocalRuntime, Runtime, RuntimeSetupError
-from agentrl_jax.swe.tasks import SweTask, load_jsonl
+from agentrl_jax.envs.swe import actions
+from agentrl_jax.envs.swe.runtime import LocalRuntime, Runtime, RuntimeSetupError
+from agentrl_jax.envs.swe.tasks import SweTask, load_jsonl
 
 INSTRUCTIONS = (
     "You are working in a Python repository (the current directory) to resolve the issue "
@@ -141,7 +141,7 @@ class SweEnv(Env):
             result = self.runtime.evaluate(patch)
             g, dropped = result.grade, result.dropped_files
         except (RuntimeSetupError, OSError) as e:
-            from agentrl_jax.swe.grading import failed_grade
+            from agentrl_jax.envs.swe.grading import failed_grade
 
             g, dropped = failed_grade(f"evaluation failed: {e}", True), ()
         reward = g.reward(self.reward_kind)

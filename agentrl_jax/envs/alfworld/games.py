@@ -37,7 +37,7 @@ import random
 import tempfile
 from typing import Any
 
-from agentrl_jax.envs import alfworld_data
+from agentrl_jax.envs.alfworld import data as alfworld_data
 from agentrl_jax.envs.base import stable_key
 
 GAME_FILE = "game.tw-pddl"

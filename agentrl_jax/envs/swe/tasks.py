@@ -136,7 +136,7 @@ def from_record(record: Any, where: str = "<record>", base_dir: str | None = Non
     repo_path = record.get("repo_path")
     if repo_path and base_dir and not os.path.isabs(repo_path):
         repo_path = os.path.normpath(os.path.join(base_dir, repo_path))
-    from agentrl_jax.swe import grading  # here: grading imports nothing of ours, no cycle
+    from agentrl_jax.envs.swe import grading  # here: grading imports nothing of ours, no cycle
 
     log_parser = record.get("log_parser") or "pytest"
     if log_parser not in grading.LOG_PARSERS:

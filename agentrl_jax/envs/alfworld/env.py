@@ -34,7 +34,8 @@ import pathlib
 import re
 from typing import Any
 
-from agentrl_jax.envs import alfworld_data, alfworld_games
+from agentrl_jax.envs.alfworld import data as alfworld_data
+from agentrl_jax.envs.alfworld import games as alfworld_games
 from agentrl_jax.envs.base import Env, Observation, Task, stable_key
 
 ENV_NAME = "alfworld"
@@ -127,7 +128,7 @@ class ALFWorldEnv(Env):
 
     def reset(self, task: Task | str) -> Observation:
         """Starts ``task`` (a Task, or an id in this env's default split)."""
-        from agentrl_jax.envs import alfworld_engine
+        from agentrl_jax.envs.alfworld import engine as alfworld_engine
 
         task = self._as_task(task)
         self._done = True  # Until this reset succeeds, stepping is refused.
@@ -145,7 +146,7 @@ class ALFWorldEnv(Env):
 
     def _reset_engine(self, task: Task) -> Any:
         """Builds (or finds) the task's game, loads it unless loaded, and resets the engine."""
-        from agentrl_jax.envs import alfworld_engine
+        from agentrl_jax.envs.alfworld import engine as alfworld_engine
 
         game_file = alfworld_games.build_game(
             self.root,
@@ -157,7 +158,7 @@ class ALFWorldEnv(Env):
         if self._engine is None:
             self._engine = alfworld_engine.make_engine(self.expert)
         if self.fast_engine:
-            from agentrl_jax.envs import alfworld_speedups
+            from agentrl_jax.envs.alfworld import speedups as alfworld_speedups
 
             alfworld_speedups.install(translations=alfworld_games.translations_dir(self.cache_dir))
         if self._loaded != game_file:
@@ -178,7 +179,7 @@ class ALFWorldEnv(Env):
           (observation, reward, done, info); after the episode ended it returns the last
           observation again with done=True, reward 0 and info["action_note"] saying so.
         """
-        from agentrl_jax.envs import alfworld_engine
+        from agentrl_jax.envs.alfworld import engine as alfworld_engine
 
         if self._last is None:
             raise RuntimeError("ALFWorldEnv.step() before reset(): call reset(task) first")
@@ -204,7 +205,7 @@ class ALFWorldEnv(Env):
     def close(self) -> None:
         """Frees the engine (safe to call twice)."""
         if self._engine is not None:
-            from agentrl_jax.envs import alfworld_engine
+            from agentrl_jax.envs.alfworld import engine as alfworld_engine
 
             with alfworld_engine.ENGINE_LOCK:
                 self._engine.close()
@@ -221,7 +222,7 @@ class ALFWorldEnv(Env):
         return task
 
     def _observation(self, state: Any, *, text: str, feedback: str) -> Observation:
-        from agentrl_jax.envs import alfworld_engine
+        from agentrl_jax.envs.alfworld import engine as alfworld_engine
 
         held = alfworld_engine.held_objects(state)
         inventory = (
@@ -239,7 +240,7 @@ class ALFWorldEnv(Env):
         )
 
     def _info(self, state: Any, *, invalid: bool, note: str) -> dict[str, Any]:
-        from agentrl_jax.envs import alfworld_engine
+        from agentrl_jax.envs.alfworld import engine as alfworld_engine
 
         won = bool(state["won"])
         plan = state.get("extra.expert_plan") if self.expert is not None else None

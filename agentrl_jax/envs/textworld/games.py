@@ -342,7 +342,8 @@ def task_game_path(task: Task) -> str:
             return path  # The env reports the missing file, with how to make it.
         raise ValueError(
             f"task {task.name}: a TextWorld task needs params 'path' or both 'spec_text' and "
-            f"'seed' (got {dict(task.params)}); build tasks with agentrl_jax.envs.games.make_tasks"
+            f"'seed' (got {dict(task.params)}); build tasks with "
+            "agentrl_jax.envs.textworld.games.make_tasks"
         )
     return make_game(parse_spec(spec), int(seed), task.split)
 

@@ -1,7 +1,7 @@
 """TextWorld games as an ``Env``: clean observations, sparse or dense rewards, exact state keys.
 
     env = TextWorldEnv(reward="dense", max_steps=50)
-    obs = env.reset(task)                  # a task from agentrl_jax.envs.games.make_tasks
+    obs = env.reset(task)                  # a task from agentrl_jax.envs.textworld.games.make_tasks
     obs, reward, done, info = env.step("open chest")
 
 Observation: the game's objective, the room description (``look``), the inventory, the cleaned
@@ -47,8 +47,8 @@ import re
 import warnings
 from typing import Any
 
-from agentrl_jax.envs import games
 from agentrl_jax.envs.base import Env, Observation, Task, stable_key
+from agentrl_jax.envs.textworld import games
 
 REWARD_MODES = ("sparse", "dense")
 META_COMMANDS = frozenset(
@@ -158,7 +158,7 @@ class TextWorldEnv(Env):
                 raise GameFileError(
                     f"TextWorld game file {p} is missing; make the games with "
                     "`python -m launch.make_games --spec=simple --split=train --count=N` "
-                    "(or agentrl_jax.envs.games.make_tasks)"
+                    "(or agentrl_jax.envs.textworld.games.make_tasks)"
                 )
         check_story_file(path)
         infos = textworld.EnvInfos(

@@ -25,9 +25,9 @@ import subprocess
 import tempfile
 import time
 
-from agentrl_jax.swe import grading
-from agentrl_jax.swe.sandbox import DEFAULT_HIDDEN, ExecResult, Limits, Sandbox
-from agentrl_jax.swe.tasks import SweTask
+from agentrl_jax.envs.swe import grading
+from agentrl_jax.envs.swe.sandbox import DEFAULT_HIDDEN, ExecResult, Limits, Sandbox
+from agentrl_jax.envs.swe.tasks import SweTask
 
 _CONFIG_FILES = {"pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml", "noxfile.py"}
 _TEST_DIRS = {"tests", "test", "testing"}

@@ -15,7 +15,7 @@ import json
 import os
 import pathlib
 
-from agentrl_jax.envs.alfworld_data import JSON_DIR, SPLITS
+from agentrl_jax.envs.alfworld.data import JSON_DIR, SPLITS
 
 
 def _mangle(alfred_id: str) -> str:
