@@ -11,9 +11,11 @@ import pytest
 
 from agentrl_jax import kernels
 from agentrl_jax.kernels import registry
+from agentrl_jax.rollout.curriculum import CurriculumConfig
 from agentrl_jax.rollout.rollout import RolloutConfig
 from agentrl_jax.run import config as config_lib
 from agentrl_jax.run.config import ConfigError, base_config, from_config_dict
+from agentrl_jax.run.config_model import LoraSection
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
@@ -180,7 +182,7 @@ def test_defaults_have_one_source():
             # A default resolved in __post_init__ (model.template: "" is "checkpoint" with a
             # checkpoint, else "plain") resolves to the same value.
             assert getattr(cls(**{key: value}), key) == getattr(instance, key), f"{name}.{key}"
-    assert cd.curriculum.window == config_lib.CurriculumConfig(stages=((("a", 1.0),),)).window
+    assert cd.curriculum.window == CurriculumConfig(stages=((("a", 1.0),),)).window
     full = from_config_dict(base_config())
     assert from_config_dict(ml_collections.ConfigDict()) == full
     assert from_config_dict(ml_collections.ConfigDict({"rl": {"algo": "grpo"}})) == full
@@ -317,7 +319,7 @@ def test_env_declares_whether_it_lists_admissible_commands():
 def test_lora_section_is_validated_naming_the_field():
     """``config.model.lora``: rank 0 (off) by default; its fields checked, each error naming it."""
     off = from_config_dict(base_config())
-    assert off.model.lora == config_lib.LoraSection(base_dtype=off.model.dtype)
+    assert off.model.lora == LoraSection(base_dtype=off.model.dtype)
     assert off.model.lora.lora_config() is None
     cd = base_config()
     cd.model.lora.rank = 4

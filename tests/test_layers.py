@@ -219,6 +219,19 @@ def test_envs_imports_no_env_family():
     assert not found, f"envs/ imports an env family: {found}"
 
 
+# A package file over this many lines is split by job (STYLE.md: files of a few hundred lines).
+MAX_LINES = 800
+
+
+def test_no_package_file_over_800_lines():
+    long = {
+        str(path.relative_to(REPO)): n
+        for path in MODULES.values()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"files over {MAX_LINES} lines (split them by job): {long}"
+
+
 # Module names that were moved (issue #33) and are no more: one name per thing.
 OLD_NAMES = (
     "agentrl_jax.training",

@@ -15,8 +15,8 @@ import pytest
 
 from agentrl_jax import kernels
 from agentrl_jax.rl.spec import KLSpec, LossWeights, RLSpec
-from agentrl_jax.run import config as config_lib
 from agentrl_jax.run.config import from_config_dict
+from agentrl_jax.run.config_learning import EnvrlSection, RLSection
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, os.fspath(REPO))
@@ -91,18 +91,13 @@ def test_the_config_s_kernel_configs_are_the_spec_s():
 def test_rl_section_defaults_are_declared_once_where_the_settings_are():
     """RLSection names the spec's and the kernels' defaults; it does not restate them."""
     spec = RLSpec()
-    defaults = {f.name: f.default for f in dataclasses.fields(config_lib.RLSection)}
+    defaults = {f.name: f.default for f in dataclasses.fields(RLSection)}
     assert defaults["gamma"] == kernels.AdvantageConfig().gamma
     assert defaults["clip_low"] == kernels.LossConfig().clip_low
     assert defaults["value_coef"] == LossWeights().value
     assert defaults["kl_estimator"] == spec.kl.estimator
     assert defaults["epochs"] == spec.epochs
-    assert (
-        RLSpec.from_sections(
-            config_lib.RLSection(), config_lib.EnvrlSection(), context_mode="episode"
-        )
-        == RLSpec()
-    )
+    assert RLSpec.from_sections(RLSection(), EnvrlSection(), context_mode="episode") == RLSpec()
 
 
 def test_a_hand_built_spec_takes_its_kl_from_kl_alone():

@@ -3,7 +3,10 @@
 ``configs/<name>.py`` defines ``get_config(arg)`` returning a ConfigDict; absl flags choose and
 override it (``--config=configs/x.py --config.rl.algo=gagpo``). :func:`from_config_dict` turns it
 into frozen dataclasses and checks every value before any compute starts, so a wrong value fails
-with an error that names the field and lists the valid choices.
+with an error that names the field and lists the valid choices. The sections are defined by the
+stage that owns them (``config_model.py``, ``config_env.py``, ``config_learning.py``, the checks
+they share in ``config_checks.py``); this module holds ``RunConfig``, the checks across sections,
+and the loading.
 """
 
 from __future__ import annotations
@@ -20,489 +23,24 @@ from typing import Any
 import ml_collections
 
 from agentrl_jax import kernels
-from agentrl_jax.models.config import PRESETS, REMAT_POLICIES
-from agentrl_jax.rl import spec as spec_lib
 from agentrl_jax.rl.spec import RLSpec
 from agentrl_jax.rollout.curriculum import CurriculumConfig
 from agentrl_jax.rollout.rollout import RolloutConfig
 from agentrl_jax.run import budget as budget_lib
-
-DTYPES = ("float32", "bfloat16")
-REWARDS = ("sparse", "dense")
-KL_MODES = spec_lib.KL_MODES
-# Which train games RL draws from: all of them, or those no SFT demonstration used.
-TASK_POOLS = ("all", "unseen")
-# Chat templates (rollout/chat.py): fixed layouts, or the checkpoint's own jinja template.
-TEMPLATES = ("checkpoint", "plain", "qwen")
-# Where the RL section's defaults are declared (RLSection's docstring).
-_SPEC = RLSpec()
-_ADVANTAGE, _LOSS, _WEIGHTS, _KL = _SPEC.advantage, _SPEC.loss, _SPEC.weights, _SPEC.kl
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field and the valid choices."""
-
-
-# ----------------------------------------------------------------------------- checks
-
-
-def _choice(path: str, value: Any, choices) -> None:
-    if value not in choices:
-        raise ConfigError(f"{path} is {value!r}; valid choices: {sorted(choices)}")
-
-
-def _number(path: str, value: Any, ok, expected: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
-        raise ConfigError(f"{path} is {value!r}; expected {expected}")
-
-
-def _positive(path: str, value: float) -> None:
-    _number(path, value, lambda v: v > 0, "> 0")
-
-
-def _non_negative(path: str, value: float) -> None:
-    _number(path, value, lambda v: v >= 0, ">= 0")
-
-
-def _fraction(path: str, value: float) -> None:
-    _number(path, value, lambda v: 0.0 <= v <= 1.0, "in [0, 1]")
-
-
-def _integer(path: str, value: Any, low: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"{path} is {value!r}; expected an int >= {low}")
-
-
-def _microbatch(section: str, value: Any, batch_field: str, batch: int) -> None:
-    """``config.<section>.microbatch_size``: 0 or None (no split), or a divisor of the batch."""
-    path = f"config.{section}.microbatch_size"
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{path} is {value!r}; expected an int >= 0 (0: no microbatches)")
-    if value and batch % value:
-        raise ConfigError(
-            f"{path}={value} does not divide config.{section}.{batch_field}={batch}: a "
-            f"{batch_field} batch must split into whole microbatches; use a divisor of {batch} "
-            "(or 0 for no microbatches)"
-        )
-
-
-def _mapping(**kwargs) -> dataclasses.Field:
-    """A field given as a dict in the config (``{key: value}``), frozen as sorted pairs."""
-    return dataclasses.field(default=(), metadata={"mapping": True}, **kwargs)
-
+from agentrl_jax.run import config_checks as checks
+from agentrl_jax.run.config_checks import ConfigError
+from agentrl_jax.run.config_env import EnvSection, check_levels
+from agentrl_jax.run.config_learning import BudgetSection, EnvrlSection, RLSection, SFTSection
+from agentrl_jax.run.config_model import ModelSection
 
 # ------------------------------------------------------------------- the sections
 #
-# The dataclasses below are the only definition of every default: ``base_config()``, which each
+# Each stage's sections live beside their checks: the model's (run/config_model.py), the env's
+# (run/config_env.py), the learner's (run/config_learning.py); the checkpoints' is below. Those
+# dataclasses are the only definition of every default: ``base_config()``, which each
 # configs/*.py starts from, is generated from them, and a key a ConfigDict leaves out takes the
 # same value. Each section checks its own fields in ``__post_init__``; ``RunConfig`` checks the
 # combinations across sections.
-
-
-@dataclasses.dataclass(frozen=True)
-class LoraSection:
-    """``config.model.lora``: low-rank adapters on the policy (``models/lora.py``; rank 0: off).
-
-    With ``rank`` > 0 the RL phase trains adapters only: they are applied to the policy as it
-    enters RL (after the full-parameter SFT, or on the checkpoint's weights when SFT has no
-    steps), B at zero, so RL starts from exactly the SFT policy; the base stays frozen, stored in
-    ``base_dtype``, and the KL reference is that base. SFT stays a full fine-tune.
-    """
-
-    rank: int = 0  # the adapters' inner width; 0 turns LoRA off
-    alpha: float = 8.0  # the scale's numerator: adapters add x A B * alpha / rank
-    # PEFT's lora_dropout: each RL step's forward pass drops an adapter's input entries with
-    # this probability (masks from the run's seed and the step; scoring and sampling never drop,
-    # so it is refused with rl.loss='ppo', whose ratio it would bias)
-    dropout: float = 0.0
-    targets: str = "all"  # some of q,k,v,o,gate,up,down (comma-separated), or "all"
-    # The frozen base's storage dtype (the adapters stay float32); empty: model.dtype, the
-    # compute dtype (a bf16 base under bf16 compute: half the memory of the f32 weights SFT
-    # trained).
-    base_dtype: str = ""
-
-    def __post_init__(self):
-        from agentrl_jax.models.config import LORA_TARGETS
-
-        if self.base_dtype:
-            _choice("config.model.lora.base_dtype", self.base_dtype, DTYPES)
-
-        _integer("config.model.lora.rank", self.rank, 0)
-        _positive("config.model.lora.alpha", self.alpha)
-        _number(
-            "config.model.lora.dropout",
-            self.dropout,
-            lambda v: 0 <= v < 1,
-            "a probability in [0, 1)",
-        )
-        targets = self.targets
-        if isinstance(targets, (list, tuple)):
-            targets = ",".join(str(t) for t in targets)
-        if not isinstance(targets, str) or not targets.strip():
-            raise ConfigError(
-                f"config.model.lora.targets is {self.targets!r}; expected some of "
-                f"{list(LORA_TARGETS)}, comma-separated, or 'all'"
-            )
-        if targets.strip() != "all":
-            names = [t.strip() for t in targets.split(",")]
-            unknown = [t for t in names if t not in LORA_TARGETS]
-            if unknown or len(set(names)) != len(names):
-                raise ConfigError(
-                    f"config.model.lora.targets is {self.targets!r}: "
-                    + (f"{unknown} not among" if unknown else "repeated names; expected some of")
-                    + f" the projections {list(LORA_TARGETS)} (comma-separated), or 'all'"
-                )
-            targets = ",".join(t for t in LORA_TARGETS if t in names)
-        object.__setattr__(self, "targets", targets.strip())
-
-    @property
-    def enabled(self) -> bool:
-        """Whether this is a LoRA run (``rank`` > 0: the RL phase trains adapters only): the
-        one test of it, for the config's checks, the RL policy, the trainer's adapter export,
-        ``launch.export`` and the memory plan."""
-        return self.rank > 0
-
-    def lora_config(self):
-        """The model's ``LoraConfig``, or None when this is no LoRA run."""
-        from agentrl_jax.models.config import LoraConfig
-
-        if not self.enabled:
-            return None
-        return LoraConfig(
-            rank=self.rank, alpha=self.alpha, dropout=self.dropout, targets=self.targets
-        )
-
-
-_LORA = "config.model.lora"
-
-
-def _section_field(cls) -> dataclasses.Field:
-    """A nested section (``config.model.lora``), a dict of its own fields in the config."""
-    return dataclasses.field(default_factory=cls, metadata={"section": cls})
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSection:
-    preset: str = "tiny"
-    checkpoint: str = ""  # a local Hugging Face directory; empty: a fresh preset model
-    tokenizer: str = ""  # a local tokenizer dir; empty: the checkpoint's, or built from env text
-    # The vocabulary of a tokenizer built from the env text (no checkpoint, no tokenizer given).
-    tokenizer_vocab: int = 1024
-    # The train tasks (each level's first) whose expert episodes that tokenizer learns from; 0: all
-    # of them. A family whose words are few (ALFWorld's 3,553 games) needs a few hundred.
-    tokenizer_tasks: int = 0
-    # The chat template: "checkpoint" (the checkpoint's or tokenizer's own jinja template, checked
-    # when the run starts), "qwen" or "plain"; empty: "checkpoint" when model.checkpoint is set,
-    # else "plain".
-    template: str = ""
-    dtype: str = "float32"
-    remat: str = "none"  # what each layer keeps for the backward pass: REMAT_POLICIES
-    scan_layers: bool = False  # the layers as one scanned stack (ModelConfig.scan_layers)
-    # The learner runs the LM head over this many positions at a time (and recomputes them in the
-    # backward pass), so its logits peak at [B, logits_chunk, V], never [B, T, V].
-    logits_chunk: int = 256
-    overrides: tuple[tuple[str, Any], ...] = _mapping()  # preset fields to change: num_layers=2
-    # LoRA adapters for the RL phase (LoraSection); rank 0, the default: full fine-tuning.
-    lora: LoraSection = _section_field(LoraSection)
-
-    def __post_init__(self):
-        if not isinstance(self.lora, LoraSection):  # a dict, or its sorted (key, value) pairs
-            object.__setattr__(self, "lora", _section(LoraSection, dict(self.lora), _LORA))
-        if not self.checkpoint:
-            _choice("config.model.preset", self.preset, PRESETS)
-        _choice("config.model.dtype", self.dtype, DTYPES)
-        if not self.lora.base_dtype:
-            object.__setattr__(self, "lora", dataclasses.replace(self.lora, base_dtype=self.dtype))
-        if not self.template:
-            object.__setattr__(self, "template", "checkpoint" if self.checkpoint else "plain")
-        _choice("config.model.template", self.template, TEMPLATES)
-        if self.template == "checkpoint" and not (self.checkpoint or self.tokenizer):
-            raise ConfigError(
-                "config.model.template is 'checkpoint' (the chat template of "
-                "config.model.checkpoint or config.model.tokenizer) but neither is set; expected "
-                "a checkpoint or tokenizer directory, or template 'qwen' or 'plain'"
-            )
-        _choice("config.model.remat", self.remat, REMAT_POLICIES)
-        if not isinstance(self.scan_layers, bool):
-            raise ConfigError(f"config.model.scan_layers is {self.scan_layers!r}; expected a bool")
-        _integer("config.model.logits_chunk", self.logits_chunk, 1)
-        _integer("config.model.tokenizer_tasks", self.tokenizer_tasks, 0)
-        if not self.checkpoint and not self.tokenizer:
-            from agentrl_jax.models.tokenizer import MIN_VOCAB_SIZE
-
-            if isinstance(self.tokenizer_vocab, bool) or not (
-                isinstance(self.tokenizer_vocab, int) and self.tokenizer_vocab >= MIN_VOCAB_SIZE
-            ):
-                raise ConfigError(
-                    f"config.model.tokenizer_vocab is {self.tokenizer_vocab!r}; expected an int "
-                    f">= {MIN_VOCAB_SIZE} (the tokenizer built from the env text holds the "
-                    "special tokens and 256 bytes)"
-                )
-
-
-def check_levels(family, field: str, levels, held_out: bool = True) -> None:
-    """Each of ``levels`` (``level`` or ``level@split``) names a level and split the env family
-    has (``registry.EnvFamily``): a held-out split where ``held_out``, none otherwise (train
-    levels read ``train``); a level among ``family.levels`` where it declares them.
-
-    Raises:
-      ConfigError: naming ``field``, the family and its splits or levels.
-    """
-    from agentrl_jax.envs import registry
-
-    for entry in levels:
-        if not isinstance(entry, str) or not entry.partition("@")[0]:
-            raise ConfigError(f"{field} holds {entry!r}; expected 'level' or 'level@split'")
-        level, at, split = entry.partition("@")
-        splits = family.held_out_splits if held_out else ()
-        if at and split not in splits:
-            where = (
-                f"one of {', '.join(splits)}"
-                if splits
-                else f"none (they read {registry.TRAIN_SPLIT!r})"
-            )
-            raise ConfigError(
-                f"{field} holds {entry!r}: env family {family.name!r} has no held-out split "
-                f"{split!r}; expected {where} (registered env families: "
-                f"{', '.join(registry.names())})"
-            )
-        if family.levels and level not in family.levels:
-            raise ConfigError(
-                f"{field} holds {entry!r}: env family {family.name!r} has no level {level!r}; "
-                f"expected one of {', '.join(family.levels)}"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvSection:
-    name: str = "textworld"
-    kwargs: tuple[tuple[str, Any], ...] = _mapping()  # the env's constructor arguments
-    train_levels: tuple[str, ...] = ("simple",)
-    eval_levels: tuple[str, ...] = ("simple", "medium")
-    num_train_tasks: int = 200
-    num_eval_tasks: int = 50
-    report_levels: tuple[str, ...] = ()  # empty: eval_levels, on the report split
-    # Games per level of the before/after report (0: the report reads the valid evaluations).
-    num_report_tasks: int = 200
-    # Episodes per evaluated level written out as text (eval/<name>_<level>_transcripts.md).
-    num_transcripts: int = 3
-    num_workers: int = 2  # actor processes (0: one per CPU)
-    envs_per_worker: int = 16
-    # A worker steps its envs side by side, each on a thread (envs whose steps wait: remote,
-    # subprocesses, step_latency_s); False: one after another.
-    concurrent_steps: bool = False
-
-    def __post_init__(self):
-        from agentrl_jax.envs import registry
-
-        try:
-            registry.resolve(self.name)
-        except ValueError as e:
-            raise ConfigError(f"config.env.name: {e}") from e
-        for name in ("train_levels", "eval_levels"):
-            if not getattr(self, name):
-                raise ConfigError(f"config.env.{name} is empty; expected at least one level")
-        try:
-            family = registry.family(self.name)
-        except ValueError:  # a "module:attr" path: an env without a registered task source
-            return
-        for name in ("train_levels", "eval_levels", "report_levels"):
-            check_levels(family, f"config.env.{name}", getattr(self, name), name != "train_levels")
-        _integer("config.env.num_train_tasks", self.num_train_tasks, 1)
-        _integer("config.env.num_eval_tasks", self.num_eval_tasks, 1)
-        _integer("config.env.num_report_tasks", self.num_report_tasks, 0)
-        _integer("config.env.num_transcripts", self.num_transcripts, 0)
-        _integer("config.env.num_workers", self.num_workers, 0)
-        _integer("config.env.envs_per_worker", self.envs_per_worker, 1)
-        if not isinstance(self.concurrent_steps, bool):
-            raise ConfigError(
-                f"config.env.concurrent_steps is {self.concurrent_steps!r}; expected True or False"
-            )
-
-
-@dataclasses.dataclass(frozen=True)
-class SFTSection:
-    """SFT: Adam with linear warmup, then cosine decay to ``learning_rate * end_lr_fraction``.
-
-    ``group_by_length``: windows of that many batches are sorted by length before batching
-    (less padding; see ``sft_data.SftDataConfig``); 0 batches in shuffled order.
-    ``microbatch_size``: rows per microbatch of a batch (gradient accumulation inside the jitted
-    step: memory is set by the microbatch, the update is the whole batch's); it must divide
-    ``batch_size``; 0 (or None): the whole batch at once.
-    """
-
-    epochs: int = 3
-    batch_size: int = 16
-    microbatch_size: int | None = 0
-    learning_rate: float = 2e-3
-    warmup_steps: int = 10
-    end_lr_fraction: float = 0.1
-    group_by_length: int = 8
-
-    def __post_init__(self):
-        _integer("config.sft.epochs", self.epochs, 1)
-        _integer("config.sft.batch_size", self.batch_size, 1)
-        _microbatch("sft", self.microbatch_size, "batch_size", self.batch_size)
-        _positive("config.sft.learning_rate", self.learning_rate)
-        _integer("config.sft.warmup_steps", self.warmup_steps, 0)
-        _fraction("config.sft.end_lr_fraction", self.end_lr_fraction)
-        _integer("config.sft.group_by_length", self.group_by_length, 0)
-
-
-@dataclasses.dataclass(frozen=True)
-class BudgetSection:
-    """Practitioner's-guide units: one SFT demonstration costs 10, one RL episode 1."""
-
-    total: int = 4000
-    sft_fraction: float = 0.5
-
-    def __post_init__(self):
-        try:
-            budget_lib.from_config(self)
-        except ValueError as e:
-            raise ConfigError(str(e)) from e
-
-
-@dataclasses.dataclass(frozen=True)
-class RLSection:
-    """``config.rl``. Each default that the learner's math reads is declared once, where the
-    setting is defined (``rl/spec.py``: the RL spec, its KL part and loss weights;
-    ``kernels/config.py``: the estimators' and losses' configs) and only named here;
-    ``base_config()`` lists the values."""
-
-    algo: str = _SPEC.algo  # a registered advantage estimator (kernels.advantage_estimators())
-    loss: str = _SPEC.policy_loss  # a registered policy loss (kernels.policy_losses())
-    tasks_per_iteration: int = 8
-    epochs: int = _SPEC.epochs
-    minibatch_size: int = _SPEC.minibatch_size
-    # Rows per microbatch of a minibatch (gradient accumulation inside the jitted step: memory is
-    # set by the microbatch, the update is the minibatch's); a divisor of minibatch_size, or 0
-    # (or None) for the whole minibatch at once.
-    microbatch_size: int | None = _SPEC.microbatch_size
-    actor_lr: float = _SPEC.actor_lr
-    critic_lr: float = _SPEC.critic_lr
-    max_grad_norm: float = _SPEC.max_grad_norm
-    gamma: float = _ADVANTAGE.gamma
-    lam: float = _ADVANTAGE.lam
-    norm_by_std: bool = _ADVANTAGE.norm_by_std
-    step_weight: float = _ADVANTAGE.step_weight
-    kl_coef: float = _KL.coef
-    # "loss": a KL term in the loss; "reward": a per-token reward penalty (an estimator that
-    # takes it: registered with kl_reward=True).
-    kl_mode: str = _KL.mode
-    entropy_coef: float = _WEIGHTS.entropy
-    value_coef: float = _WEIGHTS.value
-    clip_low: float = _LOSS.clip_low
-    clip_high: float = _LOSS.clip_high
-    dual_clip: float | None = _LOSS.dual_clip
-    ratio_level: str = "auto"  # "auto": the estimator's own (its ``ratio_level``)
-    aggregation: str = _LOSS.aggregation  # "episode_mean": every episode weighs alike
-    value_clip: float | None = _LOSS.value_clip  # None: unclipped value loss
-    kl_estimator: str = _KL.estimator  # KL to the reference: "k1", "k2" or "k3" (either mode)
-    # The frozen KL reference's parameters: "float32" (a copy of the policy as RL starts) or
-    # "bfloat16" (half the memory a chip holds beside every program of the RL phase).
-    reference_dtype: str = _KL.reference_dtype
-    kl_clamp: float | None = _KL.clamp  # clamp of the per-token KL estimate
-    temperature: float = _SPEC.temperature  # > 0: rollouts sample (the learner divides by it)
-    # RL rollouts sample the whole softmax: the learner's log-probs model no truncation, so only
-    # 1.0 and 0 are accepted (kept as fields so a config naming them keeps working).
-    top_p: float = 1.0
-    top_k: int = 0
-    task_pool: str = "all"  # or "unseen": only train games no SFT demonstration used
-    # Importance weights on each token's loss for the sampler's log-probs differing from the
-    # trained policy's (kernels/off_policy.py): "none", "tis" (truncated at is_cap) or "mis"
-    # (tokens whose ratio leaves [1 / is_cap, is_cap] masked).
-    off_policy_correction: str = _SPEC.off_policy_correction
-    is_cap: float = _SPEC.is_cap
-    # The iteration's schedule. S = 0: on-policy, each iteration plays its rollout, then trains
-    # on it. S > 0: asynchronous: while the learner trains on iteration i's rollout, iteration
-    # i + S's is played in the background by the policy as iteration i began; so every rollout
-    # is trained on by a policy S updates newer than the one that played it (the first S
-    # iterations' rollouts are played at the start, by the starting policy). Correct for the
-    # lag with off_policy_correction.
-    max_staleness: int = 0
-
-    def __post_init__(self):
-        _choice("config.rl.algo", self.algo, kernels.advantage_estimators())
-        _choice("config.rl.off_policy_correction", self.off_policy_correction, kernels.CORRECTIONS)
-        _number("config.rl.is_cap", self.is_cap, lambda v: v > 1, "> 1")
-        _choice("config.rl.loss", self.loss, kernels.policy_losses())
-        _choice("config.rl.kl_mode", self.kl_mode, KL_MODES)
-        _choice("config.rl.task_pool", self.task_pool, TASK_POOLS)
-        _choice("config.rl.reference_dtype", self.reference_dtype, spec_lib.REFERENCE_DTYPES)
-        for name in ("actor_lr", "critic_lr", "max_grad_norm"):
-            _positive(f"config.rl.{name}", getattr(self, name))
-        for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
-            _integer(f"config.rl.{name}", getattr(self, name), 1)
-        _integer("config.rl.max_staleness", self.max_staleness, 0)
-        _microbatch("rl", self.microbatch_size, "minibatch_size", self.minibatch_size)
-        for name in ("kl_coef", "entropy_coef", "value_coef"):
-            _non_negative(f"config.rl.{name}", getattr(self, name))
-        _number(
-            "config.rl.temperature",
-            self.temperature,
-            lambda v: v > 0,
-            "> 0: RL samples its rollouts and the learner divides the logits by the temperature "
-            "(greedy decoding is for evaluation)",
-        )
-        _number("config.rl.top_p", self.top_p, lambda v: 0.0 < v <= 1.0, "in (0, 1]")
-        _integer("config.rl.top_k", self.top_k, 0)
-        _untruncated("top_p", self.top_p, 1.0)
-        _untruncated("top_k", self.top_k, 0)
-        spec = kernels.get_advantage_spec(self.algo)
-        if self.ratio_level not in ("auto", *kernels.RATIO_LEVELS):
-            raise ConfigError(
-                f"config.rl.ratio_level={self.ratio_level!r}: expected 'auto' (the estimator's "
-                f"own: {spec.ratio_level!r} for {self.algo!r}) or one of {kernels.RATIO_LEVELS}"
-            )
-        if self.kl_mode == "reward" and not spec.kl_reward:
-            raise ConfigError(
-                f"config.rl.kl_mode='reward' needs an estimator that takes a per-token KL "
-                f"reward penalty; config.rl.algo={self.algo!r} does not (use kl_mode='loss', "
-                "or an estimator registered with kl_reward=True: "
-                f"{[n for n in kernels.advantage_estimators() if _takes_kl(n)]})"
-            )
-        try:  # the kernels' own checks, on the configs the spec will hold
-            spec_lib.advantage_config(self)
-            spec_lib.loss_config(self)
-        except ValueError as e:
-            raise ConfigError(f"config.rl: {e}") from e
-
-
-def _untruncated(name: str, value: float, whole: float) -> None:
-    """Refuses a top-p / top-k truncation of RL rollouts, which the learner does not model.
-
-    The sampler records the log-probs of the truncated distribution, the learner computes those
-    of the full ``softmax(logits / T)``: their PPO ratio would not be against the behaviour
-    policy (and tokens outside the truncation could never be sampled but still be trained on).
-    """
-    if value != whole:
-        kind = name.replace("_", "-")
-        raise ConfigError(
-            f"config.rl.{name} is {value!r}; expected {whole!r}: the learner's log-probs do not "
-            f"model {kind} truncation, so the PPO ratio would not be against the behaviour policy "
-            "(RL rollouts sample the whole softmax of logits / config.rl.temperature; evaluation "
-            "decodes greedily)"
-        )
-
-
-def _takes_kl(name: str) -> bool:
-    return kernels.get_advantage_spec(name).kl_reward
-
-
-@dataclasses.dataclass(frozen=True)
-class EnvrlSection:
-    enabled: bool = False
-    sp_weight: float = 0.1
-    id_weight: float = 0.1
-    horizon: int = 0  # RL updates of the weights' cosine decay; 0: the whole RL phase
-
-    def __post_init__(self):
-        _non_negative("config.envrl.sp_weight", self.sp_weight)
-        _non_negative("config.envrl.id_weight", self.id_weight)
-        _integer("config.envrl.horizon", self.horizon, 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,9 +50,9 @@ class CheckpointSection:
     every: int = 5  # RL iterations between checkpoints (and always after the last one)
 
     def __post_init__(self):
-        _integer("config.checkpoint.keep_last", self.keep_last, 1)
-        _integer("config.checkpoint.keep_best", self.keep_best, 0)
-        _integer("config.checkpoint.every", self.every, 1)
+        checks.integer("config.checkpoint.keep_last", self.keep_last, 1)
+        checks.integer("config.checkpoint.keep_best", self.keep_best, 0)
+        checks.integer("config.checkpoint.every", self.every, 1)
 
 
 # Each section of the config and the dataclass it is frozen into (``curriculum`` is built apart:
@@ -565,9 +103,11 @@ class RunConfig:
 
     def __post_init__(self):
         """The checks across sections (each section checked its own fields)."""
-        _integer("config.seed", self.seed, 0)
-        _integer("config.eval_every", self.eval_every, 0)
-        _number("config.watchdog_s", self.watchdog_s, lambda v: v >= 0, ">= 0 seconds (0: off)")
+        checks.integer("config.seed", self.seed, 0)
+        checks.integer("config.eval_every", self.eval_every, 0)
+        checks.number(
+            "config.watchdog_s", self.watchdog_s, lambda v: v >= 0, ">= 0 seconds (0: off)"
+        )
         if (
             len(self.mesh) != 3
             or any(isinstance(x, bool) or not isinstance(x, int) for x in self.mesh)
@@ -703,32 +243,6 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-def _section(cls, cd, path: str):
-    """Builds dataclass ``cls`` from ConfigDict ``cd``; unknown keys are errors."""
-    values = dict(cd) if cd is not None else {}
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - set(fields))
-    if unknown:
-        raise ConfigError(f"{path}: unknown field(s) {unknown}; valid fields: {sorted(fields)}")
-    out = {}
-    for name, value in values.items():
-        if "section" in fields[name].metadata:
-            sub = fields[name].metadata["section"]
-            out[name] = value if isinstance(value, sub) else _section(sub, value, f"{path}.{name}")
-            continue
-        if isinstance(value, (list, tuple)):
-            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
-        elif hasattr(value, "items"):
-            value = tuple(sorted(dict(value).items()))
-        out[name] = value
-    try:
-        return cls(**out)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"{path}: {e}") from e
-
-
 def import_plugins(names) -> tuple[str, ...]:
     """Imports the user modules named in ``config.plugins`` (they register estimators, losses).
 
@@ -840,7 +354,7 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         raise ConfigError(f"config: unknown key(s) {unknown}; valid keys: {keys}")
     top = _defaults(RunConfig)
     sections = {
-        name: _section(cls, cd.get(name), f"config.{name}") for name, cls in SECTIONS.items()
+        name: checks.section(cls, cd.get(name), f"config.{name}") for name, cls in SECTIONS.items()
     }
     cur = dict(cd.get("curriculum") or {})
     try:
@@ -850,7 +364,7 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         cur["stage_iterations"] = tuple(iterations) if iterations else None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"config.curriculum: {e}") from e
-    curriculum = _section(CurriculumConfig, cur, "config.curriculum")
+    curriculum = checks.section(CurriculumConfig, cur, "config.curriculum")
     try:
         rollout_mesh = tuple(int(x) for x in cd.get("rollout_mesh", top["rollout_mesh"]) or ())
     except (TypeError, ValueError) as e:
