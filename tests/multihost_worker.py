@@ -209,7 +209,7 @@ def exchange() -> None:
             copy = multihost.local_copy(params, local, jnp.bfloat16)
             for got, want in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
                 assert got.dtype == jnp.bfloat16 and got.sharding.mesh == local, got.sharding
-                whole = multihost.host_array(want).astype(jnp.bfloat16)
+                whole = sharding.host_array(want).astype(jnp.bfloat16)
                 np.testing.assert_array_equal(np.asarray(got), whole)
             mlp = copy["trunk"]["layers"][0]["mlp"]["gate_weight_df"][...]
             tp = local.shape["tp"]  # split over the process's devices, not replicated

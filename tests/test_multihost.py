@@ -155,7 +155,7 @@ def test_single_process_collectives_are_local():
     assert multihost.allgather_objects({"a": [1, 2]}) == [{"a": [1, 2]}]
     assert multihost.broadcast_object(lambda: "tok") == "tok"
     x = jax.numpy.arange(6.0).reshape(2, 3)
-    np.testing.assert_array_equal(multihost.host_array(x), np.arange(6.0).reshape(2, 3))
+    np.testing.assert_array_equal(sharding.host_array(x), np.arange(6.0).reshape(2, 3))
 
 
 # ---------------------------------------------------------------- waves play the same anywhere

@@ -42,7 +42,6 @@ from agentrl_jax import sharding
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.rollout.rollout import RolloutWorker, cut_waves
 from agentrl_jax.rollout.trajectory import Trajectory
-from agentrl_jax.sharding import host_array  # re-exported: the gathers of a run are here
 
 
 def is_primary() -> bool:
@@ -346,7 +345,6 @@ __all__ = [
     "code_fingerprint",
     "digest",
     "disagreements",
-    "host_array",
     "is_primary",
     "local_copy",
     "local_mesh",
