@@ -47,8 +47,8 @@ Models, tokenizers and sampling:
 
 - ``ModelConfig``: a Qwen2-family architecture.
 - ``preset``: a named ModelConfig (``"tiny"``, ``"qwen2.5-0.5b"``, ...) with overrides.
-- ``Qwen2ForCausalLM``: the policy (flax.nnx).
-- ``Qwen2ValueModel``: the critic (a Qwen2 trunk with a scalar head).
+- ``CausalLM``: the policy (flax.nnx).
+- ``ValueModel``: the critic (a Qwen2 trunk with a scalar head).
 - ``load_hf_model``: a Qwen2/Qwen2.5 checkpoint from a local Hugging Face directory.
 - ``save_hf_checkpoint``: writes a model back in the Hugging Face format.
 - ``load_tokenizer``: a tokenizer from a local directory (a checkpoint's or a built one).
@@ -102,8 +102,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     # Models, tokenizers and sampling.
     "ModelConfig": ("agentrl_jax.models", "ModelConfig"),
     "preset": ("agentrl_jax.models", "preset"),
-    "Qwen2ForCausalLM": ("agentrl_jax.models", "Qwen2ForCausalLM"),
-    "Qwen2ValueModel": ("agentrl_jax.models", "Qwen2ValueModel"),
+    "CausalLM": ("agentrl_jax.models", "CausalLM"),
+    "ValueModel": ("agentrl_jax.models", "ValueModel"),
     "load_hf_model": ("agentrl_jax.models.hf_checkpoint", "load_hf_model"),
     "save_hf_checkpoint": ("agentrl_jax.models.hf_checkpoint", "save_hf_checkpoint"),
     "load_tokenizer": ("agentrl_jax.models.tokenizer", "load_tokenizer"),

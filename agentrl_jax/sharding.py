@@ -16,7 +16,7 @@ Qwen2.5-0.5B's 2 kv heads on tp=4), so any preset runs on any mesh.
 Typical use::
 
     mesh = make_mesh((2, 2, 2))
-    model = create_sharded_model(lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
+    model = create_sharded_model(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)), mesh)
     tokens = jax.device_put(tokens_bt, named_sharding(mesh, ("batch", "seq"), tokens_bt.shape))
     with jax.set_mesh(mesh):  # activates the model's activation constraints (``constrain``)
         logits, _ = jax.jit(lambda m, t: m(t))(model, tokens)
@@ -323,7 +323,7 @@ def create_sharded_model(ctor: Callable[[], M], mesh: Mesh | None = None) -> M:
 
     Args:
       ctor: a zero-argument function returning the module, e.g.
-        ``lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))``.
+        ``lambda: CausalLM(cfg, rngs=nnx.Rngs(0))``.
       mesh: the device mesh; None puts the whole model on the default device.
     """
     abstract = nnx.eval_shape(ctor)

@@ -4,7 +4,7 @@ r"""Exports a trained run's policy for serving, in the formats transformers, PEF
     python -m launch.export --workdir=runs/lora --out=runs/lora/peft --what=adapter
 
 ``--what=merged`` (the default): the policy of the run's newest checkpoint as a plain Hugging
-Face ``Qwen2ForCausalLM`` checkpoint in ``--out`` (``config.json``, ``generation_config.json``,
+Face checkpoint of its family in ``--out`` (``config.json``, ``generation_config.json``,
 safetensors), with the run's tokenizer and its chat template beside it. Both configs name the
 chat template's stop token as ``eos_token_id``, so ``generate`` stops where the rollouts did.
 A LoRA run's adapters are merged into the base first (``W + A B alpha / r``, summed in f32).

@@ -19,7 +19,7 @@ import jax
 import numpy as np
 
 from agentrl_jax.models.config import preset
-from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, unroll_layers
+from agentrl_jax.models.decoder import CausalLM, unroll_layers
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.sampling import Sampler, SamplingParams
 
@@ -37,7 +37,7 @@ def main() -> None:
 
     overrides = {"num_layers": args.layers} if args.layers else {}
     cfg = preset(args.preset, scan_layers=True, **overrides)
-    scanned = random_model(Qwen2ForCausalLM, cfg, std=0.08)
+    scanned = random_model(CausalLM, cfg, std=0.08)
     unrolled = unroll_layers(scanned)  # the same weights
     rng = np.random.RandomState(0)
     prompts = rng.randint(3, cfg.vocab_size, (args.batch, args.prompt)).tolist()

@@ -113,7 +113,7 @@ def tiny_sampler(texts, tokenizer_dir):
     300-token tokenizer built from ``texts``; the same on every process."""
     from flax import nnx
 
-    from agentrl_jax.models import Qwen2ForCausalLM, preset
+    from agentrl_jax.models import CausalLM, preset
     from agentrl_jax.models.tokenizer import build_tokenizer
     from agentrl_jax.rollout.chat import get_template
     from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
@@ -125,7 +125,7 @@ def tiny_sampler(texts, tokenizer_dir):
     )  # fmt: skip
     template = get_template("plain")
     sampler = Sampler(
-        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
+        CausalLM(cfg, rngs=nnx.Rngs(0)),
         sampling=SamplingParams(temperature=1.0),
         stop=StopConfig(eos_ids=(template.stop_id(tok),)),
         pad_id=tok.pad_token_id,
@@ -190,7 +190,7 @@ def exchange() -> None:
     import jax.numpy as jnp
     from flax import nnx
 
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
     from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
     # FSDP over every process's devices: each process's copy gathers shards from the others.
@@ -198,7 +198,7 @@ def exchange() -> None:
     cfg = TEST_CONFIG.replace(num_layers=1)
     local = multihost.local_mesh(cfg)
     assert dict(local.shape) == {"data": 1, "fsdp": 1, "tp": jax.local_device_count()}, local
-    params = nnx.state(random_model(Qwen2ForCausalLM, cfg, mesh=mesh), nnx.Param)
+    params = nnx.state(random_model(CausalLM, cfg, mesh=mesh), nnx.Param)
     rng = np.random.default_rng(jax.process_index())
     copy = None
     for it in range(6):

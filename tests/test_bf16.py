@@ -19,7 +19,7 @@ import optax
 import pytest
 from flax import nnx
 
-from agentrl_jax.models import Qwen2ForCausalLM
+from agentrl_jax.models import CausalLM
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL
@@ -31,10 +31,8 @@ UNIT = 2.0**-8  # bfloat16's relative rounding step
 @pytest.fixture(scope="module")
 def models():
     # The models' own initialisation (the scale a fresh policy starts at).
-    f32 = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    bf16 = Qwen2ForCausalLM(
-        CFG.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16), rngs=nnx.Rngs(1)
-    )
+    f32 = CausalLM(CFG, rngs=nnx.Rngs(0))
+    bf16 = CausalLM(CFG.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16), rngs=nnx.Rngs(1))
     # The same weights, rounded to bf16 once.
     nnx.update(bf16, jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(f32, nnx.Param)))
     return {"float32": f32, "bfloat16": bf16}

@@ -19,7 +19,7 @@ from train_cli import tiny_config
 
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
-from agentrl_jax.models import Qwen2ForCausalLM
+from agentrl_jax.models import CausalLM
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
@@ -109,7 +109,7 @@ def chaos_trainer(tmp_path_factory):
     ]
     tokenizer = build_tokenizer(texts * 4, 300, tmp_path_factory.mktemp("tok"))
     template = get_template(config.model.template)
-    policy = Qwen2ForCausalLM(model_config(config, len(tokenizer)), rngs=nnx.Rngs(0))
+    policy = CausalLM(model_config(config, len(tokenizer)), rngs=nnx.Rngs(0))
     sampler = Sampler(
         policy,
         stop=StopConfig(eos_ids=(template.stop_id(tokenizer),)),

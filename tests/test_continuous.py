@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from agentrl_jax.envs.actors import ActorPool
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker
@@ -38,7 +38,7 @@ def policy_setup(tmp_path_factory):
     )
     template = get_template("plain")
     sampler = Sampler(
-        Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)),
+        CausalLM(cfg, rngs=nnx.Rngs(0)),
         sampling=SamplingParams(temperature=1.0),
         stop=StopConfig(eos_ids=(template.stop_id(tok),)),
         pad_id=tok.pad_token_id,

@@ -14,7 +14,7 @@ from flax import nnx
 
 from agentrl_jax import kernels
 from agentrl_jax.benchmarks.learner import synthetic_episodes
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.run.build import rl_learner
 from agentrl_jax.run.config import from_config_dict, load_config_file
@@ -91,7 +91,7 @@ def test_an_rl_update_runs_the_plugin_estimator_and_loss(custom_rl, caplog):
         config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
     )
     assert not config.needs_critic  # registered with needs_values=False
-    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
     learner = rl_learner(config, policy, None)
     update = RLUpdate(learner.spec, learner, pad_id=0)
     trajs = synthetic_episodes(2, config.rollout.group_size, cfg.vocab_size, 3)

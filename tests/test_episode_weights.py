@@ -9,7 +9,7 @@ from flax import nnx
 
 from agentrl_jax import kernels
 from agentrl_jax.benchmarks.learner import synthetic_episodes
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.run.build import rl_learner
@@ -64,7 +64,7 @@ def test_the_update_batch_carries_each_rows_weight_in_its_loss_mask(mode):
     cfg = preset(
         config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
     )
-    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
     learner = rl_learner(config, policy, None)
     update = RLUpdate(learner.spec, learner, pad_id=0)
     trajs = synthetic_episodes(2, config.rollout.group_size, cfg.vocab_size, 3)

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from agentrl_jax import kernels
-from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models import CausalLM, ValueModel, preset
 from agentrl_jax.rl.learner import Learner, token_logprobs
 from agentrl_jax.rl.spec import LossWeights, RLSpec
 
@@ -52,7 +52,7 @@ def test_token_logprobs_matches_a_manual_gather():
 
 
 def test_sft_step_lowers_the_loss_on_a_fixed_batch():
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    policy = CausalLM(CFG, rngs=nnx.Rngs(0))
     learner = Learner(policy, None, optax.adam(1e-2))
     state = learner.init(policy)
     batch = _batch()
@@ -82,8 +82,8 @@ def _rl_inputs(learner, state, batch, seed=1):
 def _actor_critic(actor_lr=1e-2, mesh=None, **losses):
     """The tiny policy, a critic from its trunk, and a Learner for both (Adam, critic lr 1e-2)
     with the spec of ``losses`` (``RLSpec.for_losses``)."""
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    policy = CausalLM(CFG, rngs=nnx.Rngs(0))
+    critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
     spec = RLSpec.for_losses(**losses)
     learner = Learner(policy, critic, optax.adam(actor_lr), optax.adam(1e-2), spec=spec, mesh=mesh)
     return policy, critic, learner
@@ -118,8 +118,8 @@ def test_rl_step_updates_actor_and_critic_with_finite_metrics():
 
 @pytest.mark.parametrize("poison", ["advantages", "old_logprobs"])
 def test_non_finite_update_is_skipped(poison):
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-    critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+    policy = CausalLM(CFG, rngs=nnx.Rngs(0))
+    critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
     learner = Learner(policy, critic, optax.adam(1e-3), optax.adam(1e-3))
     state = learner.init(policy, critic)
     batch = _rl_inputs(learner, state, _batch())
@@ -140,7 +140,7 @@ def test_policy_loss_comes_from_the_registry():
         calls.append(True)
         return kernels.aggregate(-advantages * logprobs, loss_mask, "token_mean"), {}
 
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    policy = CausalLM(CFG, rngs=nnx.Rngs(0))
     learner = Learner(
         policy, None, optax.sgd(1e-2), spec=RLSpec.for_losses(policy_loss="test_learner_pg")
     )
@@ -151,7 +151,7 @@ def test_policy_loss_comes_from_the_registry():
 
 
 def test_envrl_auxiliary_losses_join_the_rl_loss_with_cosine_weights():
-    policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    policy = CausalLM(CFG, rngs=nnx.Rngs(0))
     envrl = kernels.EnvrlConfig(sp_weight=0.5, id_weight=0.25, horizon=10)
     learner = Learner(policy, None, optax.sgd(1e-2), spec=RLSpec.for_losses(envrl=envrl))
     state = learner.init(policy)
@@ -183,8 +183,8 @@ def test_sharded_train_step_matches_one_device():
     mesh = make_mesh((2, 2, 2))
     results = []
     for use_mesh in (None, mesh):
-        policy = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
-        critic = Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
+        policy = CausalLM(CFG, rngs=nnx.Rngs(0))
+        critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(1))
         learner = Learner(policy, critic, optax.adam(1e-2), optax.adam(1e-2), mesh=use_mesh)
         state = learner.init(policy, critic)
         batch = _rl_inputs(learner, learner.init(policy, critic), _batch(rows=8))
@@ -246,7 +246,7 @@ def test_rl_update_equals_one_rl_step_per_minibatch():
 
 def test_score_equals_the_separate_passes_in_chunks():
     policy, critic, learner = _actor_critic(temperature=0.7)
-    ref = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(2))
+    ref = CausalLM(CFG, rngs=nnx.Rngs(2))
     state = learner.init(policy, critic)
     ref_state = nnx.state(ref, nnx.Param)
     batch = _batch(rows=8)

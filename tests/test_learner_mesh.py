@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from agentrl_jax import sharding
-from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel
+from agentrl_jax.models import CausalLM, ValueModel
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 from agentrl_jax.rl.learner import Learner
 
@@ -28,8 +28,8 @@ def parts():
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
     mesh = sharding.make_mesh((2, 4, 1))
-    policy = random_model(Qwen2ForCausalLM, CFG, seed=0, mesh=mesh)
-    critic = random_model(Qwen2ValueModel, CFG, seed=1, mesh=mesh)
+    policy = random_model(CausalLM, CFG, seed=0, mesh=mesh)
+    critic = random_model(ValueModel, CFG, seed=1, mesh=mesh)
     adam = optax.adam(1e-3)
     sft = Learner(policy, None, adam, mesh=mesh, logits_chunk=16)
     rl = Learner(policy, critic, adam, adam, mesh=mesh, logits_chunk=16)

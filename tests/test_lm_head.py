@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from agentrl_jax import kernels
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.rl.learner import Learner, shift_right
 from agentrl_jax.rl.lm_head import (
@@ -43,8 +43,8 @@ CFG = preset(
 B, T, K = 3, 11, 5
 
 
-def _policy(tied: bool) -> Qwen2ForCausalLM:
-    return random_model(Qwen2ForCausalLM, CFG.replace(tie_word_embeddings=tied), seed=int(tied))
+def _policy(tied: bool) -> CausalLM:
+    return random_model(CausalLM, CFG.replace(tie_word_embeddings=tied), seed=int(tied))
 
 
 def _batch(seed=0, constrained=True):

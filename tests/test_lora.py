@@ -18,9 +18,9 @@ import pytest
 from flax import nnx
 
 from agentrl_jax import sharding
-from agentrl_jax.models import KVCache, Qwen2ForCausalLM, Qwen2ValueModel, lora
+from agentrl_jax.models import CausalLM, KVCache, ValueModel, lora
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.qwen2 import lora_slots, stack_layers
+from agentrl_jax.models.decoder import lora_slots, stack_layers
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
 TOL = 1e-5  # fixed by the issue: f32 max abs diff
@@ -94,7 +94,7 @@ def test_lora_config_validation():
 
 def test_adapter_parameter_count():
     cfg = TEST_CONFIG.replace(lora=LORA)
-    model = random_model(Qwen2ForCausalLM, cfg)
+    model = random_model(CausalLM, cfg)
     counted = sum(x.size for x in jax.tree.leaves(lora.adapters(model)))
     assert (
         counted
@@ -115,7 +115,7 @@ def test_fresh_adapter_changes_nothing(scan):
     """A kaiming-uniform, B zero (PEFT's init): the LoRA model computes the base's logits
     exactly; the adapters are f32 while the base stays bf16; A is U(+-1/sqrt(fan_in))."""
     cfg = TEST_CONFIG.replace(scan_layers=scan, param_dtype=jnp.bfloat16)
-    base = random_model(Qwen2ForCausalLM, cfg)
+    base = random_model(CausalLM, cfg)
     tokens, mask = _padded_batch()
     before = np.asarray(_forward(base, tokens, mask))
     model = lora.apply_lora(base, LORA, seed=3)
@@ -144,7 +144,7 @@ def test_scanned_and_remat_match_unrolled_with_adapters():
     """The adapters ride the scan (stacked [L, ...]) and remat: logits and adapter gradients of
     the scanned, rematerialised model equal the unrolled model's."""
     cfg = TEST_CONFIG.replace(lora=LORA)
-    unrolled = random_model(Qwen2ForCausalLM, cfg, seed=4)
+    unrolled = random_model(CausalLM, cfg, seed=4)
     tokens, mask = _padded_batch()
 
     def loss(model):
@@ -156,7 +156,7 @@ def test_scanned_and_remat_match_unrolled_with_adapters():
     # adapters ride the scan and the checkpointed body.)
     for remat in ("full",):
         scanned_graphdef = nnx.graphdef(
-            random_model(Qwen2ForCausalLM, cfg.replace(scan_layers=True, remat=remat))
+            random_model(CausalLM, cfg.replace(scan_layers=True, remat=remat))
         )
         scanned = nnx.merge(scanned_graphdef, stack_layers(nnx.state(unrolled)))
         diff = _max_diff(_forward(scanned, tokens, mask), _forward(unrolled, tokens, mask), mask)
@@ -173,7 +173,7 @@ def test_cached_pass_matches_teacher_forcing(scan):
     """The sampler's path (a KV cache; a scanned model's layers unrolled per call) with
     adapters: a prefill and decode steps give the teacher-forcing logits."""
     cfg = TEST_CONFIG.replace(lora=LORA, scan_layers=scan)
-    model = random_model(Qwen2ForCausalLM, cfg, seed=5)
+    model = random_model(CausalLM, cfg, seed=5)
     full = _tokens((2, 8), seed=6)
     cache = KVCache.create(cfg, batch=2, size=16)
     step = jax.jit(lambda m, t, c: m(t, cache=c))
@@ -190,7 +190,7 @@ def test_cached_pass_matches_teacher_forcing(scan):
 def test_trainable_filter_and_optimizer_hold_adapters_only():
     """An optimizer built on ``lora.TRAINABLE`` holds state for the adapters alone, and a step
     moves them and nothing else (the base is bit for bit the same)."""
-    model = lora.apply_lora(random_model(Qwen2ForCausalLM, TEST_CONFIG, seed=7), LORA)
+    model = lora.apply_lora(random_model(CausalLM, TEST_CONFIG, seed=7), LORA)
     assert lora.trainable_filter(model) is lora.TRAINABLE
     assert lora.trainable_filter(TEST_CONFIG) is nnx.Param
     _, trainable, rest = lora.split(model)
@@ -242,7 +242,7 @@ def test_merge(scan):
     chosen dtype (bf16 for the sampler), the LoRA model left usable; ``base_model`` drops the
     adapters unmerged."""
     cfg = TEST_CONFIG.replace(lora=LORA, scan_layers=scan)
-    model = _randomize_adapters(random_model(Qwen2ForCausalLM, cfg, seed=8))
+    model = _randomize_adapters(random_model(CausalLM, cfg, seed=8))
     tokens, mask = _padded_batch()
     ours = _forward(model, tokens, mask)
     merged = lora.merge(model)
@@ -272,7 +272,7 @@ def test_bf16_pass_and_merged_copy_apply_one_scale():
     cfg = TEST_CONFIG.replace(
         dtype=jnp.bfloat16, lora=LoraConfig(rank=48, alpha=16.0, targets="down")
     )
-    model = random_model(Qwen2ForCausalLM, cfg, seed=12)
+    model = random_model(CausalLM, cfg, seed=12)
     rng = np.random.RandomState(12)
     state = lora.adapters(model)
     for _, var in nnx.to_flat_state(state):
@@ -296,10 +296,10 @@ def test_dropout_only_with_a_key():
     """Dropout acts only when the forward pass is given a key (the learner's), never in a
     cached pass; its masks differ by key, and the same key gives the same masks."""
     cfg = TEST_CONFIG.replace(lora=LORA.replace(dropout=0.5), scan_layers=True)
-    model = _randomize_adapters(random_model(Qwen2ForCausalLM, cfg, seed=9))
+    model = _randomize_adapters(random_model(CausalLM, cfg, seed=9))
     tokens, mask = _padded_batch()
     plain = np.asarray(_forward(model, tokens, mask))
-    no_drop = random_model(Qwen2ForCausalLM, cfg.replace(lora=LORA, scan_layers=True), seed=9)
+    no_drop = random_model(CausalLM, cfg.replace(lora=LORA, scan_layers=True), seed=9)
     no_drop = _randomize_adapters(no_drop)
     np.testing.assert_array_equal(np.asarray(_forward(no_drop, tokens, mask)), plain)
     call = jax.jit(lambda m, k: m(tokens, mask_bt=mask, lora_dropout_key=k)[0])
@@ -321,7 +321,7 @@ def test_adapter_shardings_follow_their_base(mesh_shape, scan):
     copy's layout agree with one device."""
     mesh = sharding.make_mesh(mesh_shape)
     cfg = TEST_CONFIG.replace(scan_layers=scan)
-    base = random_model(Qwen2ForCausalLM, cfg, seed=10, mesh=mesh)
+    base = random_model(CausalLM, cfg, seed=10, mesh=mesh)
     model = _randomize_adapters(lora.apply_lora(base, LORA))
     slots = lora_slots(model.cfg)
     flat = dict(nnx.to_flat_state(nnx.state(model)))
@@ -371,12 +371,12 @@ def test_adapter_shardings_follow_their_base(mesh_shape, scan):
 
 def test_value_model_takes_adapters():
     cfg = TEST_CONFIG
-    critic = random_model(Qwen2ValueModel, cfg, seed=11)
+    critic = random_model(ValueModel, cfg, seed=11)
     tokens, mask = _padded_batch()
     before = np.asarray(critic(tokens, mask_bt=mask))
     adapted = lora.apply_lora(critic, LORA)
     np.testing.assert_array_equal(np.asarray(adapted(tokens, mask_bt=mask)), before)
-    assert isinstance(lora.merge(adapted), Qwen2ValueModel)
+    assert isinstance(lora.merge(adapted), ValueModel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,7 +520,7 @@ def test_merged_export_loads_in_transformers(hf_bases, tie, scan, tmp_path):
 
 @pytest.fixture(scope="module")
 def saved_adapter(tmp_path_factory) -> pathlib.Path:
-    model = lora.apply_lora(random_model(Qwen2ForCausalLM, TEST_CONFIG), LORA)
+    model = lora.apply_lora(random_model(CausalLM, TEST_CONFIG), LORA)
     return our_peft.save_peft_adapter(model, tmp_path_factory.mktemp("lora") / "adapter")
 
 
@@ -583,13 +583,13 @@ def _rewrite(directory, *, config=None, drop=(), add=None, reshape=None):
 )
 def test_unsupported_adapters_are_refused(adapter_dir, change, message):
     _rewrite(adapter_dir, **change)
-    base = random_model(Qwen2ForCausalLM, TEST_CONFIG)
+    base = random_model(CausalLM, TEST_CONFIG)
     with pytest.raises(hc.CheckpointError, match=message):
         our_peft.load_peft_adapter(base, adapter_dir)
 
 
 def test_missing_files(tmp_path, adapter_dir):
-    base = random_model(Qwen2ForCausalLM, TEST_CONFIG)
+    base = random_model(CausalLM, TEST_CONFIG)
     with pytest.raises(FileNotFoundError, match="adapter_config.json not found"):
         our_peft.load_peft_adapter(base, tmp_path)
     (adapter_dir / our_peft.ADAPTER_FILE).unlink()

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from agentrl_jax.models import Qwen2ForCausalLM, Qwen2ValueModel, lora
+from agentrl_jax.models import CausalLM, ValueModel, lora
 from agentrl_jax.models.config import LoraConfig
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.spec import LossWeights, RLSpec
@@ -19,9 +19,9 @@ def _flat(state):
 
 
 def _lora_learner(critic=False, **losses):
-    base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    base = CausalLM(CFG, rngs=nnx.Rngs(0))
     policy = lora.apply_lora(base, LoraConfig(rank=4, alpha=8.0), seed=3)
-    value = Qwen2ValueModel.from_policy(base, rngs=nnx.Rngs(1)) if critic else None
+    value = ValueModel.from_policy(base, rngs=nnx.Rngs(1)) if critic else None
     tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(1e-2))
     spec = RLSpec.for_losses(**losses)
     learner = Learner(policy, value, tx, optax.adam(1e-2) if critic else None, spec=spec)
@@ -137,7 +137,7 @@ def test_lora_dropout_in_rl_steps_only_and_drawn_from_the_seed_and_step():
     (the adapters then move otherwise than without it), with masks drawn from ``dropout_seed``
     and the state's step (the same seed and state: the same step, bit for bit, so a resumed run
     repeats it); scoring never drops."""
-    base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    base = CausalLM(CFG, rngs=nnx.Rngs(0))
     tx = optax.adam(1e-2)
 
     def learner_of(dropout, seed=0, microbatch_size=None):
@@ -183,7 +183,7 @@ def test_bf16_base_under_f32_adapters():
     """``apply_lora(base_dtype=bf16)``: the frozen base cast to bf16 (the model's
     ``cfg.param_dtype`` says so), the adapters f32; the model computes what the base rounded to
     bf16 does, and RL steps keep the bf16 base bit for bit while the adapters train."""
-    base = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    base = CausalLM(CFG, rngs=nnx.Rngs(0))
     policy = lora.apply_lora(base, LoraConfig(rank=4, alpha=8.0), seed=3, base_dtype=jnp.bfloat16)
     assert policy.cfg.param_dtype == jnp.bfloat16 and policy.cfg.lora.param_dtype == jnp.float32
     for _, var in nnx.to_flat_state(nnx.state(policy)):
@@ -191,7 +191,7 @@ def test_bf16_base_under_f32_adapters():
         assert var.get_value().dtype == want
     # The base's own arrays are untouched (a cast is a copy).
     assert all(v.get_value().dtype == jnp.float32 for _, v in nnx.to_flat_state(nnx.state(base)))
-    rounded = Qwen2ForCausalLM(CFG, rngs=nnx.Rngs(0))
+    rounded = CausalLM(CFG, rngs=nnx.Rngs(0))
     nnx.update(
         rounded,
         jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), nnx.state(rounded)),

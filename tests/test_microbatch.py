@@ -13,7 +13,7 @@ import optax
 import pytest
 
 from agentrl_jax import kernels
-from agentrl_jax.models import Qwen2ValueModel
+from agentrl_jax.models import ValueModel
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.spec import LossWeights, RLSpec
@@ -103,7 +103,7 @@ def _rl_learners(microbatch_sizes, mesh=None, **loss_kwargs):
     """(learner, state) per microbatch size, sharing the policy, critic and settings; the last
     learner's state on ``mesh`` when given."""
     policy = random_policy(SMALL, seed=0)
-    critic = random_model(Qwen2ValueModel, SMALL, seed=1)
+    critic = random_model(ValueModel, SMALL, seed=1)
     loss_kwargs = dict(loss_kwargs)
     temperature = loss_kwargs.pop("temperature", 1.0)
     out = []

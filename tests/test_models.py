@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.models import KVCache, ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models import CausalLM, KVCache, ModelConfig, ValueModel, preset
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
 
@@ -19,7 +19,7 @@ def _init(cls, cfg, seed=0):
 
 @pytest.fixture(scope="module")
 def policy():
-    return _init(Qwen2ForCausalLM, TEST_CONFIG)
+    return _init(CausalLM, TEST_CONFIG)
 
 
 @jax.jit
@@ -44,7 +44,7 @@ def test_forward_shapes_and_dtypes(policy):
     assert bool(jnp.all(jnp.isfinite(logits)))
 
     cfg16 = TEST_CONFIG.replace(dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
-    bf16 = _init(Qwen2ForCausalLM, cfg16)
+    bf16 = _init(CausalLM, cfg16)
     assert bf16.trunk.layers[0].attn.q_weight_dnh[...].dtype == jnp.bfloat16
     logits_bf16, _ = _forward(bf16, _tokens((2, 5)))
     assert logits_bf16.dtype == jnp.float32  # logits are always f32 for stable log-probs
@@ -144,8 +144,8 @@ def _ce_loss(model, tokens):
 def test_remat_gives_same_grads():
     cfg = TEST_CONFIG.replace(num_layers=1)  # one layer exercises remat; keeps compiles short
     tokens = _tokens((2, 8), seed=3)
-    plain = _init(Qwen2ForCausalLM, cfg)
-    remat = _init(Qwen2ForCausalLM, cfg.replace(remat=True))
+    plain = _init(CausalLM, cfg)
+    remat = _init(CausalLM, cfg.replace(remat=True))
     loss_a, grads_a = jax.jit(nnx.value_and_grad(_ce_loss))(plain, tokens)
     loss_b, grads_b = jax.jit(nnx.value_and_grad(_ce_loss))(remat, tokens)
     assert abs(float(loss_a) - float(loss_b)) <= 1e-6
@@ -159,7 +159,7 @@ def test_remat_gives_same_grads():
 
 
 def test_value_model_from_policy(policy):
-    value = Qwen2ValueModel.from_policy(policy)
+    value = ValueModel.from_policy(policy)
     tokens = _tokens((2, 7), seed=4)
     mask = jnp.ones((2, 7), jnp.int32).at[1, :2].set(0)
     policy_leaves = jax.tree.leaves(nnx.state(policy.trunk))
@@ -187,7 +187,7 @@ def test_value_model_from_policy(policy):
 
 
 def test_fresh_value_model_head():
-    value = _init(Qwen2ValueModel, TEST_CONFIG, seed=1)
+    value = _init(ValueModel, TEST_CONFIG, seed=1)
     tokens = _tokens((3, 4))
     out = _values(value, tokens, None)
     hidden, _ = _forward(value.trunk, tokens)
@@ -211,7 +211,7 @@ def test_preset_parameter_counts_match_transformers():
             hf_model = transformers.Qwen2ForCausalLM(hf_cfg)
         assert cfg.num_params == sum(p.numel() for p in hf_model.parameters()), name
     tiny = preset("tiny")
-    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(tiny, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: CausalLM(tiny, rngs=nnx.Rngs(0)))
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     assert count == tiny.num_params
     assert 1_000_000 < tiny.num_params < 10_000_000

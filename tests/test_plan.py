@@ -97,11 +97,11 @@ def test_lora_plan_trains_adapters_only_against_the_base_as_reference():
     assert not lora_config.needs_critic
     from flax import nnx
 
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
 
     model_cfg = _abstract_policy(lora_config)[0]
     lora_cfg = model_cfg.replace(lora=lora_config.model.lora.lora_config())
-    with_adapters = nnx.eval_shape(lambda: Qwen2ForCausalLM(lora_cfg, rngs=nnx.Rngs(0)))
+    with_adapters = nnx.eval_shape(lambda: CausalLM(lora_cfg, rngs=nnx.Rngs(0)))
     adapters = nnx.state(with_adapters, nnx.LoRAParam)
     adapter_elems = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(adapters))
     lora_adam = lora_update["analytic_bytes"]["optimizer"]
@@ -137,12 +137,12 @@ def test_lora_sampler_copy_is_the_merged_base_in_the_compute_dtype():
     from flax import nnx
 
     from agentrl_jax import sharding
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
     from agentrl_jax.run.build import model_config, rl_learner
 
     model_cfg = model_config(config)
     lora_cfg = model_cfg.replace(lora=config.model.lora.lora_config())
-    policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(lora_cfg, rngs=nnx.Rngs(0)))
+    policy = nnx.eval_shape(lambda: CausalLM(lora_cfg, rngs=nnx.Rngs(0)))
     mesh = sharding.make_mesh(config.mesh, jax.devices()[:8])
     state = rl_learner(config, policy, None, mesh).abstract_state(policy)
     sampler_mesh, params, owned = plan.sampler_copy(model_cfg, state.policy, mesh, lora=True)
@@ -204,11 +204,11 @@ def _abstract_policy(config):
     from flax import nnx
 
     from agentrl_jax import sharding
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
     from agentrl_jax.run.build import model_config, rl_learner
 
     model_cfg = model_config(config)
-    policy = nnx.eval_shape(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(0)))
+    policy = nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0)))
     mesh = sharding.make_mesh(config.mesh, jax.devices()[: int(np.prod(config.mesh))])
     state = rl_learner(config, policy, None, mesh).abstract_state(policy)
     return model_cfg, state.policy, mesh

@@ -8,7 +8,7 @@ from flax import nnx
 
 from agentrl_jax import kernels
 from agentrl_jax.benchmarks.learner import synthetic_episodes
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.run.build import rl_learner
@@ -105,8 +105,8 @@ def test_the_update_penalises_rewards_with_the_configured_kl_estimator(kind, mod
     cfg = preset(
         config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
     )
-    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
-    reference = nnx.state(Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(1)), nnx.Param)  # KL > 0
+    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
+    reference = nnx.state(CausalLM(cfg, rngs=nnx.Rngs(1)), nnx.Param)  # KL > 0
     learner = rl_learner(config, policy, None)
     seen = {}
     advantages = rl_batch.advantages

@@ -118,10 +118,10 @@ def test_the_learner_takes_a_spec_or_its_settings_not_both():
     import optax
     from flax import nnx
 
-    from agentrl_jax.models import Qwen2ForCausalLM, preset
+    from agentrl_jax.models import CausalLM, preset
     from agentrl_jax.rl.learner import Learner
 
-    policy = Qwen2ForCausalLM(
+    policy = CausalLM(
         preset("tiny", vocab_size=32, hidden_size=16, intermediate_size=32, num_layers=1),
         rngs=nnx.Rngs(0),
     )

@@ -10,7 +10,7 @@ from flax import nnx
 
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.spec import RLSpec
@@ -82,7 +82,7 @@ def setup(tmp_path_factory):
         num_kv_heads=1,
         head_dim=16,
     )
-    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
     template = get_template("plain")
     sampler = Sampler(
         policy,

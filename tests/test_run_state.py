@@ -116,13 +116,13 @@ def _leaves(tree):
 @pytest.mark.parametrize("reference", [True, False])
 def test_an_old_checkpoint_with_its_reference_in_the_state_tree_restores(tmp_path, reference):
     """``has_ref``: the reference was saved in every checkpoint's state tree (item ``ref``)."""
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
     from agentrl_jax.models.testing import random_model
     from agentrl_jax.run.build import rl_learner
     from agentrl_jax.run.checkpoint import Checkpointer
 
     config = from_config_dict(train_cli.tiny_config(rl=dict(kl_coef=0.05)), num_devices=1)
-    policy = random_model(Qwen2ForCausalLM)
+    policy = random_model(CausalLM)
     learner = rl_learner(config, policy, None)
     state = learner.init(policy)
     ref = jax.tree.map(lambda x: x - 1.0, state.policy)

@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from agentrl_jax import sharding
 from agentrl_jax.experiments.plan import device_bytes
-from agentrl_jax.models import Qwen2ForCausalLM
+from agentrl_jax.models import CausalLM
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.run import build, multihost, trainer
 from agentrl_jax.sampling import Sampler, SamplingParams
@@ -34,7 +34,7 @@ SAMPLED = SamplingParams(temperature=1.0)
 def policy():
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
-    model = random_model(Qwen2ForCausalLM, CFG, seed=4, mesh=sharding.make_mesh((2, 4, 1)))
+    model = random_model(CausalLM, CFG, seed=4, mesh=sharding.make_mesh((2, 4, 1)))
     return model, nnx.state(model, nnx.Param)
 
 

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.models import Qwen2Trunk
+from agentrl_jax.models import Trunk
 from agentrl_jax.sampling import GREEDY, Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL, TeacherForcer, random_policy
 
@@ -34,14 +34,14 @@ def group_prompts(seed=0):
 def traced_batches(monkeypatch):
     """Batch sizes of every cached trunk call as traced (the prefill is the first per trace)."""
     calls = []
-    original = Qwen2Trunk.__call__
+    original = Trunk.__call__
 
     def spy(self, tokens_bt, **kwargs):
         if kwargs.get("cache") is not None:
             calls.append(tokens_bt.shape)
         return original(self, tokens_bt, **kwargs)
 
-    monkeypatch.setattr(Qwen2Trunk, "__call__", spy)
+    monkeypatch.setattr(Trunk, "__call__", spy)
     return calls
 
 

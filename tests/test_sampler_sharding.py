@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 
 from agentrl_jax import sharding
-from agentrl_jax.models import Qwen2ForCausalLM
+from agentrl_jax.models import CausalLM
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.sampling import GREEDY, Sampler, StopConfig
 from agentrl_jax.sampling.testing import SMALL
@@ -19,8 +19,8 @@ def test_sharded_turns_equal_single_device():
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
     mesh = sharding.make_mesh((2, 2, 2))
-    single = random_model(Qwen2ForCausalLM, SMALL, seed=4)
-    sharded = random_model(Qwen2ForCausalLM, SMALL, seed=4, mesh=mesh)
+    single = random_model(CausalLM, SMALL, seed=4)
+    sharded = random_model(CausalLM, SMALL, seed=4, mesh=mesh)
     stop = StopConfig(eos_ids=(7,))
     rng = np.random.default_rng(0)
     turns = [
@@ -54,7 +54,7 @@ def test_start_compiles_its_cache_once_per_shape():
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
     mesh = sharding.make_mesh((2, 2, 2))
-    model = random_model(Qwen2ForCausalLM, SMALL, seed=4, mesh=mesh)
+    model = random_model(CausalLM, SMALL, seed=4, mesh=mesh)
     compiles = []
 
     def listen(event, seconds, **kwargs):

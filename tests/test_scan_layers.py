@@ -15,13 +15,13 @@ from safetensors.numpy import load_file
 from agentrl_jax import sharding
 from agentrl_jax.models import hf_checkpoint as hc
 from agentrl_jax.models.config import preset
-from agentrl_jax.models.kv_cache import KVCache
-from agentrl_jax.models.qwen2 import (
-    Qwen2ForCausalLM,
+from agentrl_jax.models.decoder import (
+    CausalLM,
     stack_layers,
     unroll_layers,
     unstack_layers,
 )
+from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.sampling import Sampler, SamplingParams
@@ -33,7 +33,7 @@ TOL = 1e-5
 
 @pytest.fixture(scope="module")
 def scanned():
-    return random_model(Qwen2ForCausalLM, SCANNED, seed=3)
+    return random_model(CausalLM, SCANNED, seed=3)
 
 
 def _batch():
@@ -123,7 +123,7 @@ def test_cached_forward_equals_unrolled(scanned):
 def test_every_remat_policy_gives_the_same_gradients(scanned, remat):
     tokens, mask = _batch()
     _, reference = _value_and_grad(scanned, tokens, mask)
-    model = random_model(Qwen2ForCausalLM, SCANNED.replace(remat=remat), seed=3)  # same weights
+    model = random_model(CausalLM, SCANNED.replace(remat=remat), seed=3)  # same weights
     _, grads = _value_and_grad(model, tokens, mask)
     assert _max_diff(_flat(grads), _flat(reference)) <= TOL
     # The layer body is checkpointed, with the policy asked for.
@@ -137,7 +137,7 @@ def test_traced_program_does_not_grow_with_depth():
 
     def program(num_layers, scan):
         cfg = TEST_CONFIG.replace(num_layers=num_layers, scan_layers=scan)
-        model = random_model(Qwen2ForCausalLM, cfg)
+        model = random_model(CausalLM, cfg)
         return jax.jit(lambda m, t: m(t)[0]).lower(model, tokens).as_text()
 
     dots = {
@@ -180,11 +180,11 @@ def test_hf_round_trip_between_scanned_and_unrolled(scanned, tmp_path):
 
 def test_orbax_round_trip_on_a_mesh(scanned, tmp_path):
     mesh = sharding.make_mesh((1, 4, 2))
-    model = random_model(Qwen2ForCausalLM, SCANNED, seed=3, mesh=mesh)
+    model = random_model(CausalLM, SCANNED, seed=3, mesh=mesh)
     ckpt = Checkpointer(str(tmp_path / "ckpt"), async_save=False)
     ckpt.save(1, {"policy": model}, {})
     # The template gives structure, shapes and shardings (as the trainer's restore does).
-    template = random_model(Qwen2ForCausalLM, SCANNED, seed=4, mesh=mesh)
+    template = random_model(CausalLM, SCANNED, seed=4, mesh=mesh)
     _, restored, _ = ckpt.restore_latest({"policy": template})
     ckpt.close()
     for (path, var), (_, ref) in zip(
@@ -198,7 +198,7 @@ def test_orbax_round_trip_on_a_mesh(scanned, tmp_path):
 
 @pytest.mark.slow  # the cached forward's equality (test_cached_forward_equals_unrolled) is the core
 def test_sampler_output_equals_unrolled():
-    scanned = random_model(Qwen2ForCausalLM, SMALL.replace(scan_layers=True), seed=1)
+    scanned = random_model(CausalLM, SMALL.replace(scan_layers=True), seed=1)
     unrolled = unroll_layers(scanned)
     sampling = SamplingParams(temperature=1.0)
     rng = np.random.RandomState(2)

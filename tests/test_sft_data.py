@@ -11,7 +11,7 @@ from flax import nnx
 
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
-from agentrl_jax.models import Qwen2ForCausalLM, preset
+from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rl.sft_data import (
@@ -279,7 +279,7 @@ def test_sft_loss_on_bucketed_batches_equals_the_unpadded_reference_and_compiles
         "tiny", vocab_size=320, hidden_size=32, intermediate_size=64, num_layers=2,
         num_heads=2, num_kv_heads=1, head_dim=16,
     )  # fmt: skip
-    policy = Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0))
+    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
     data_cfg = SftDataConfig(batch_size=2, buckets=(160, 320), shuffle=False)
     data = SftDataset(examples, data_cfg, pad_id=tok.pad_token_id)
     assert data.bucket_counts() == {160: 2, 320: 1}  # the last batch: one row and a filler row

@@ -16,7 +16,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from agentrl_jax import sharding
-from agentrl_jax.models import KVCache, Qwen2ForCausalLM, Qwen2ValueModel
+from agentrl_jax.models import CausalLM, KVCache, ValueModel
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
 MESHES = [(8, 1, 1), (2, 4, 1), (2, 2, 2)]
@@ -68,7 +68,7 @@ def _train_step(params, graphdef, tokens, mask):
 @pytest.fixture(scope="module")
 def setup():
     # One layer: every sharded parameter kind, at half the compile time of two.
-    model = random_model(Qwen2ForCausalLM, TEST_CONFIG.replace(num_layers=1), seed=3)
+    model = random_model(CausalLM, TEST_CONFIG.replace(num_layers=1), seed=3)
     graphdef, params = nnx.split(model, nnx.Param)
     rng = np.random.RandomState(0)
     tokens = rng.randint(0, TEST_CONFIG.vocab_size, (8, 12)).astype(np.int32)
@@ -153,7 +153,7 @@ def test_create_sharded_model():
     assert float(jnp.std(table)) > 0.5  # really initialised
 
     # The Qwen2 policy's layout, from its abstract state alone (nothing is compiled).
-    abstract = nnx.eval_shape(lambda: Qwen2ForCausalLM(TEST_CONFIG, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: CausalLM(TEST_CONFIG, rngs=nnx.Rngs(0)))
     specs = sharding.state_specs(abstract, mesh)
     attn = specs["trunk"]["layers"][1]["attn"]
     assert attn["q_weight_dnh"] == P("fsdp", "tp", None)
@@ -164,8 +164,8 @@ def test_create_sharded_model():
 
 def test_value_model_from_sharded_policy():
     mesh = sharding.make_mesh((2, 2, 2))
-    policy = random_model(Qwen2ForCausalLM, TEST_CONFIG.replace(num_layers=1), mesh=mesh)
-    value = Qwen2ValueModel.from_policy(policy)
+    policy = random_model(CausalLM, TEST_CONFIG.replace(num_layers=1), mesh=mesh)
+    value = ValueModel.from_policy(policy)
     for path, var in nnx.to_flat_state(nnx.state(value)):
         spec = sharding.logical_to_spec(var.get_metadata()["logical_axes"], var.shape, mesh)
         assert var.get_value().sharding == jax.sharding.NamedSharding(mesh, spec), path
@@ -278,7 +278,7 @@ def test_rollout_mesh_sampler_plays_on_its_own_devices_as_on_the_learners():
     learner_mesh = sharding.make_mesh((1, 2, 1), devices[:2])
     rollout_mesh = sharding.make_mesh((1, 2, 1), devices[2:4])
     policy = sharding.create_sharded_model(
-        lambda: Qwen2ForCausalLM(TEST_CONFIG, rngs=nnx.Rngs(0)), learner_mesh
+        lambda: CausalLM(TEST_CONFIG, rngs=nnx.Rngs(0)), learner_mesh
     )
     params = nnx.state(policy)
     sampling = SamplingParams(temperature=1.0)

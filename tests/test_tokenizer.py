@@ -79,12 +79,12 @@ def test_chat_template(built):
 
 def test_saved_with_a_checkpoint(built, tmp_path):
     """A checkpoint written with its tokenizer loads through the same call as a downloaded one."""
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
     from agentrl_jax.models.hf_checkpoint import load_config, save_hf_checkpoint
     from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
     tok, _ = built
-    policy = random_model(Qwen2ForCausalLM, TEST_CONFIG.replace(vocab_size=512, num_layers=1))
+    policy = random_model(CausalLM, TEST_CONFIG.replace(vocab_size=512, num_layers=1))
     save_hf_checkpoint(policy, tmp_path, tokenizer=tok)
     assert load_config(tmp_path).vocab_size == 512
     loaded = tk.load_tokenizer(tmp_path)

@@ -744,7 +744,7 @@ def test_every_shipped_config_validates(name):
 
 def _checkpoint_trainer(config, directory):
     """The Trainer's checkpoint methods on a stand-in holding a tiny policy and its RL state."""
-    from agentrl_jax.models import Qwen2ForCausalLM
+    from agentrl_jax.models import CausalLM
     from agentrl_jax.models.testing import random_model
     from agentrl_jax.rollout.curriculum import Curriculum
     from agentrl_jax.run.build import rl_learner
@@ -753,7 +753,7 @@ def _checkpoint_trainer(config, directory):
     from agentrl_jax.run.tensorboard import SummaryWriter
     from agentrl_jax.run.watchdog import Watchdog
 
-    policy = random_model(Qwen2ForCausalLM)
+    policy = random_model(CausalLM)
     trainer = types.SimpleNamespace(
         config=config,
         policy=policy,

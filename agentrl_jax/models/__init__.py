@@ -6,16 +6,16 @@ does not pull in safetensors or transformers.
 """
 
 from agentrl_jax.models.config import PRESETS, ModelConfig, backend_dtypes, preset
+from agentrl_jax.models.decoder import CausalLM, Trunk, ValueModel
 from agentrl_jax.models.kv_cache import KVCache
-from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2Trunk, Qwen2ValueModel
 
 __all__ = [
     "PRESETS",
     "KVCache",
     "ModelConfig",
-    "Qwen2ForCausalLM",
-    "Qwen2Trunk",
-    "Qwen2ValueModel",
+    "CausalLM",
+    "Trunk",
+    "ValueModel",
     "backend_dtypes",
     "preset",
 ]

@@ -16,7 +16,7 @@ their generation stops where the rollouts stopped.
 Public API::
 
     cfg = load_config(ckpt_dir)                              # ModelConfig from config.json
-    policy = load_hf_model(ckpt_dir, mesh=mesh)              # Qwen2ForCausalLM, already sharded
+    policy = load_hf_model(ckpt_dir, mesh=mesh)              # CausalLM, already sharded
     critic = load_hf_value_model(ckpt_dir, mesh=mesh)        # trunk from the checkpoint
     save_hf_checkpoint(policy, out_dir, tokenizer=tok)       # transformers-loadable
 """
@@ -43,7 +43,7 @@ from safetensors.numpy import save_file
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.qwen2 import Qwen2ForCausalLM, Qwen2ValueModel, stacked_layer_index
+from agentrl_jax.models.decoder import CausalLM, ValueModel, stacked_layer_index
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -182,8 +182,8 @@ def config_from_hf(
 def config_to_hf(
     cfg: ModelConfig, *, torch_dtype: str = "float32", eos_token_id: int | None = None
 ) -> dict[str, Any]:
-    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as Qwen2ForCausalLM;
-    with ``eos_token_id``, the token that ends a generation."""
+    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as its
+    family's causal LM; with ``eos_token_id``, the token that ends a generation."""
     eos = {} if eos_token_id is None else {"eos_token_id": int(eos_token_id)}
     return {
         "architectures": list(SUPPORTED_ARCHITECTURES),
@@ -597,8 +597,8 @@ def load_hf_model(
     mesh: Mesh | None = None,
     process_of: Callable[[Any], int] | None = None,
     **overrides,
-) -> Qwen2ForCausalLM:
-    """A Qwen2ForCausalLM with the weights of a local Hugging Face checkpoint directory.
+) -> CausalLM:
+    """A CausalLM with the weights of a local Hugging Face checkpoint directory.
 
     Args:
       path: directory with config.json and model.safetensors (or model.safetensors.index.json
@@ -625,7 +625,7 @@ def load_hf_model(
     lora = overrides.pop("lora", None)
     cfg = load_config(path, **overrides)
     model = _load_into(
-        lambda: Qwen2ForCausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
+        lambda: CausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
     )
     return lora_lib.apply_lora(model, lora)
 
@@ -636,14 +636,14 @@ def load_hf_value_model(
     mesh: Mesh | None = None,
     process_of: Callable[[Any], int] | None = None,
     **overrides,
-) -> Qwen2ValueModel:
-    """A Qwen2ValueModel whose trunk comes from a causal-LM checkpoint, with a zero value head
+) -> ValueModel:
+    """A ValueModel whose trunk comes from a causal-LM checkpoint, with a zero value head
     (arguments as ``load_hf_model``'s)."""
     path = _check_dir(path)
     lora = overrides.pop("lora", None)
     cfg = load_config(path, **overrides)
     model = _load_into(
-        lambda: Qwen2ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
+        lambda: ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
     )
     return lora_lib.apply_lora(model, lora)
 
@@ -676,7 +676,7 @@ def _value_at(flat: dict[tuple, Any], path: tuple) -> jax.Array:
 
 
 def save_hf_checkpoint(
-    model: Qwen2ForCausalLM,
+    model: CausalLM,
     out_dir: str | pathlib.Path,
     *,
     dtype=None,
@@ -684,7 +684,7 @@ def save_hf_checkpoint(
     tokenizer: Any = None,
     eos_token_id: int | None = None,
 ) -> pathlib.Path:
-    """Writes ``model`` as a Hugging Face Qwen2ForCausalLM checkpoint.
+    """Writes ``model`` as a Hugging Face checkpoint of its family.
 
     Tensors are gathered to the host one at a time (all processes take part; process 0 writes),
     so host memory holds at most one output file's worth.

@@ -34,7 +34,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.qwen2 import lora_slots, stacked_layer_index
+from agentrl_jax.models.decoder import lora_slots, stacked_layer_index
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -135,7 +135,7 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0, base_dtype: 
     so.
 
     Args:
-      model: a ``Qwen2ForCausalLM`` or ``Qwen2ValueModel`` without LoRA, scanned or not.
+      model: a ``CausalLM`` or ``ValueModel`` without LoRA, scanned or not.
       lora: the adapters; None or rank 0 returns ``model`` itself.
       seed: draws A.
       base_dtype: the frozen base's storage dtype; None keeps the model's.

@@ -1,8 +1,8 @@
 """LoRA adapters in PEFT's format: ``adapter_config.json`` + ``adapter_model.safetensors``.
 
 What Hugging Face's ``peft`` writes and reads (``PeftModel.save_pretrained`` /
-``PeftModel.from_pretrained``) for a Qwen2ForCausalLM: one pair of tensors per adapted projection
-and layer, named as PEFT names them and laid out as torch's ``nn.Linear`` ([out, in]):
+``PeftModel.from_pretrained``) for a causal LM of any family: one pair of tensors per adapted
+projection and layer, named as PEFT names them and laid out as torch's ``nn.Linear`` ([out, in]):
 
     base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_A.weight   [rank, in]
     base_model.model.model.layers.{i}.self_attn.{q,k,v,o}_proj.lora_B.weight   [out, rank]
@@ -35,13 +35,13 @@ from safetensors.numpy import save_file
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
+from agentrl_jax.models.decoder import LoraSlot, lora_slots
 from agentrl_jax.models.hf_checkpoint import (
     CheckpointError,
     TensorMap,
     read_json,
     save_hf_checkpoint,
 )
-from agentrl_jax.models.qwen2 import LoraSlot, lora_slots
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILE = "adapter_model.safetensors"
@@ -115,7 +115,7 @@ def _layer_path(path: tuple, layer: int, scanned: bool) -> tuple:
 def adapter_config_dict(
     lora: LoraConfig, *, base_model_name_or_path: str | None = None
 ) -> dict[str, Any]:
-    """The ``adapter_config.json`` PEFT needs for ``lora`` on a Qwen2ForCausalLM."""
+    """The ``adapter_config.json`` PEFT needs for ``lora`` on a causal LM."""
     alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha
     return {
         "peft_type": "LORA",

@@ -33,7 +33,7 @@ from jax.sharding import Mesh
 from agentrl_jax import sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
-from agentrl_jax.models import ModelConfig, Qwen2ForCausalLM, Qwen2ValueModel, preset
+from agentrl_jax.models import CausalLM, ModelConfig, ValueModel, preset
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.rl import sft_data
 from agentrl_jax.rl.learner import Learner
@@ -79,7 +79,7 @@ def rl_learner(config: RunConfig, policy, critic, mesh=None, num_iterations: int
     )
 
 
-def rl_policy(config: RunConfig, policy: Qwen2ForCausalLM) -> Qwen2ForCausalLM:
+def rl_policy(config: RunConfig, policy: CausalLM) -> CausalLM:
     """The policy as the RL phase trains it: ``policy`` itself, or with ``model.lora.rank`` > 0
     ``policy`` with fresh LoRA adapters (``lora.apply_lora``: A drawn from the run's seed, B at
     zero, so it computes what ``policy`` does; the base arrays are shared, or cast to
@@ -530,7 +530,7 @@ def rollout_device_mesh(config: RunConfig, devices=None) -> Mesh | None:
     return make_mesh(config.rollout_mesh, devices[first : first + size])
 
 
-def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> Qwen2ForCausalLM:
+def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> CausalLM:
     """The policy, each parameter created in its layout on ``mesh``: the checkpoint's weights,
     or a fresh model of ``vocab_size`` ids (exactly the tokenizer's: it can never sample an id
     the tokenizer cannot decode) initialised from the run's seed."""
@@ -549,14 +549,14 @@ def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> Qwen
     model_cfg = model_config(config, vocab_size=vocab_size)
     # One compiled initialiser, each parameter created in its layout on the mesh.
     seed = config.seed
-    return create_sharded_model(lambda: Qwen2ForCausalLM(model_cfg, rngs=nnx.Rngs(seed)), mesh)
+    return create_sharded_model(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(seed)), mesh)
 
 
-def critic(config: RunConfig, policy: Qwen2ForCausalLM) -> Qwen2ValueModel | None:
+def critic(config: RunConfig, policy: CausalLM) -> ValueModel | None:
     """The value model, its trunk a copy of ``policy``'s (None when the estimator needs none)."""
     if not config.needs_critic:
         return None
-    return Qwen2ValueModel.from_policy(policy, rngs=nnx.Rngs(config.seed + 1))
+    return ValueModel.from_policy(policy, rngs=nnx.Rngs(config.seed + 1))
 
 
 def checkpointer(config: RunConfig, workdir: str) -> Checkpointer:
@@ -599,7 +599,7 @@ class Parts:
     multihost: bool
     tokenizer: Any
     template: ChatTemplate
-    policy: Qwen2ForCausalLM
+    policy: CausalLM
     local_mesh: Mesh | None
     rollout_mesh: Mesh | None
     sampler: Sampler

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from agentrl_jax.models.decoder import unroll_layers
 from agentrl_jax.models.kv_cache import KVCache
-from agentrl_jax.models.qwen2 import unroll_layers
 from agentrl_jax.sampling.logits import draw, fold_in
 from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
 
@@ -91,7 +91,7 @@ def run_turn(
     """Appends a chunk of new tokens to each row and generates up to ``max_new_b`` tokens.
 
     Args:
-      graphdef, state: ``nnx.split`` of a ``Qwen2ForCausalLM``.
+      graphdef, state: ``nnx.split`` of a ``CausalLM``.
       cache: the episode's cache; rows hold their conversation so far in ``[0, lengths[b])``,
         and it has ``lengths + num_new + max_new`` slots allocated (``KVCache.with_slots``).
       chunk_bt: [B, T] int32 new tokens, right-padded.

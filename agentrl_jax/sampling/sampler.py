@@ -75,7 +75,7 @@ class Sampler:
     """Jitted multi-turn generation over a KV cache kept between turns.
 
     Args:
-      model: a ``Qwen2ForCausalLM`` or its ``nnx.split`` pair ``(graphdef, state)``.
+      model: a ``CausalLM`` or its ``nnx.split`` pair ``(graphdef, state)``.
       sampling: the default sampling settings (a ``step_turn`` may override them).
       stop: EOS ids and stop sequences.
       pad_id: the id written after each row's generated tokens in ``TurnOutput.tokens``.

@@ -8,7 +8,7 @@ import numpy as np
 from flax import nnx
 
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.qwen2 import Qwen2ForCausalLM
+from agentrl_jax.models.decoder import CausalLM
 from agentrl_jax.models.testing import random_model
 
 SMALL = ModelConfig(
@@ -23,15 +23,13 @@ SMALL = ModelConfig(
 )
 
 
-def random_policy(
-    cfg: ModelConfig = SMALL, *, seed: int = 0, std: float = 0.08
-) -> Qwen2ForCausalLM:
+def random_policy(cfg: ModelConfig = SMALL, *, seed: int = 0, std: float = 0.08) -> CausalLM:
     """A policy with N(0, std) weights and N(1, std) norm scales, built without compiling.
 
     The default std (4x the usual 0.02) makes next-token distributions peaked, so top-k/top-p
     and stopping checks are not vacuous on an otherwise near-uniform random model.
     """
-    return random_model(Qwen2ForCausalLM, cfg, seed=seed, std=std)
+    return random_model(CausalLM, cfg, seed=seed, std=std)
 
 
 class TeacherForcer:
@@ -40,7 +38,7 @@ class TeacherForcer:
     Pads every call to the same [batch, length] so the reference compiles once per test session.
     """
 
-    def __init__(self, model: Qwen2ForCausalLM, *, batch: int = 4, length: int = 128):
+    def __init__(self, model: CausalLM, *, batch: int = 4, length: int = 128):
         self.batch, self.length = batch, length
         self.graphdef, self.state = nnx.split(model)
         self._fn = jax.jit(

@@ -469,7 +469,7 @@ def unroll_layers(model: nnx.Module) -> nnx.Module:
     return nnx.merge(nnx.graphdef(abstract), unstack_layers(nnx.state(model)))
 
 
-class Qwen2Trunk(nnx.Module):
+class Trunk(nnx.Module):
     """Embeddings, decoder layers and the final norm: the part policy and value models share.
 
     ``layers`` is an ``nnx.List`` of L ``DecoderLayer``s, or with ``cfg.scan_layers`` one
@@ -601,12 +601,12 @@ class Qwen2Trunk(nnx.Module):
         return self.final_norm(x_btd), new_cache
 
 
-class Qwen2ForCausalLM(nnx.Module):
+class CausalLM(nnx.Module):
     """The policy: the trunk plus a language-model head (tied to the embeddings or not)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.trunk = Qwen2Trunk(cfg, rngs=rngs)
+        self.trunk = Trunk(cfg, rngs=rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head_dv = _param(
                 rngs,
@@ -628,7 +628,7 @@ class Qwen2ForCausalLM(nnx.Module):
     def __call__(
         self, tokens_bt, *, mask_bt=None, cache=None, num_new_b=None, lora_dropout_key=None
     ):
-        """Returns (logits [B, T, V] float32, updated cache or None). See ``Qwen2Trunk``."""
+        """Returns (logits [B, T, V] float32, updated cache or None). See ``Trunk``."""
         hidden, cache = self.trunk(
             tokens_bt,
             mask_bt=mask_bt,
@@ -639,21 +639,19 @@ class Qwen2ForCausalLM(nnx.Module):
         return self.logits(hidden), cache
 
 
-class Qwen2ValueModel(nnx.Module):
+class ValueModel(nnx.Module):
     """The critic: the same trunk with a scalar value head on every token."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, trunk: Qwen2Trunk | None = None):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, trunk: Trunk | None = None):
         """A fresh value model, or one around an existing ``trunk`` (see ``from_policy``)."""
         self.cfg = cfg
-        self.trunk = Qwen2Trunk(cfg, rngs=rngs) if trunk is None else trunk
+        self.trunk = Trunk(cfg, rngs=rngs) if trunk is None else trunk
         # A zero head: every value starts at 0, so early critic targets are not biased by noise.
         self.value_weight_d = _param(rngs, _zeros, (cfg.hidden_size,), ("embed",), cfg.param_dtype)
         self.value_bias = _param(rngs, _zeros, (), (), cfg.param_dtype)
 
     @classmethod
-    def from_policy(
-        cls, policy: Qwen2ForCausalLM, *, rngs: nnx.Rngs | None = None
-    ) -> Qwen2ValueModel:
+    def from_policy(cls, policy: CausalLM, *, rngs: nnx.Rngs | None = None) -> ValueModel:
         """A value model whose trunk starts as a copy of the policy's trunk.
 
         The trunk's arrays are copied (keeping their shardings), never shared: the policy and the
