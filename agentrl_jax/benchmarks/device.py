@@ -54,7 +54,7 @@ from flax import nnx
 from agentrl_jax.benchmarks import learner as learner_bench
 from agentrl_jax.benchmarks.report import Report, Row, peak_rss_mb, timed
 from agentrl_jax.benchmarks.sampler import Runs, Sizes, _multi_turn, _reference_model
-from agentrl_jax.models import CausalLM, ValueModel
+from agentrl_jax.models import registry
 from agentrl_jax.models.config import ModelConfig, preset
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.run.build import model_config, rl_learner
@@ -313,8 +313,9 @@ def _update_row(name: str, sizes: DeviceSizes, peak: float) -> Row:
     cfg = model_config(config)  # the preset's own vocabulary
     if name == "tiny":
         cfg = cfg.replace(num_layers=1)
-    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
-    critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
+    family = registry.family(cfg)
+    policy = family.policy(cfg, rngs=nnx.Rngs(0))
+    critic = family.critic.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
     learner = rl_learner(config, policy, critic)
     spec = learner.spec
     update = RLUpdate(spec, learner, learner_bench.PAD)

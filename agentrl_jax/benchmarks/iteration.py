@@ -118,7 +118,7 @@ def write_checkpoint(spec: Spec, directory: str) -> None:
     from flax import nnx  # noqa: PLC0415
 
     from agentrl_jax.envs.actors import ActorPool  # noqa: PLC0415
-    from agentrl_jax.models import CausalLM, preset  # noqa: PLC0415
+    from agentrl_jax.models import preset, registry  # noqa: PLC0415
     from agentrl_jax.models.hf_checkpoint import save_hf_checkpoint  # noqa: PLC0415
     from agentrl_jax.models.tokenizer import build_tokenizer  # noqa: PLC0415
     from agentrl_jax.run import build  # noqa: PLC0415
@@ -136,7 +136,8 @@ def write_checkpoint(spec: Spec, directory: str) -> None:
     name = "tiny" if spec.quick else spec.model
     overrides = dict(num_layers=1) if spec.quick else {}
     cfg = preset(name, param_dtype=jnp.bfloat16 if not spec.quick else jnp.float32, **overrides)
-    model = create_sharded_model(lambda: CausalLM(cfg, rngs=nnx.Rngs(0)), None)
+    policy = registry.family(cfg).policy
+    model = create_sharded_model(lambda: policy(cfg, rngs=nnx.Rngs(0)), None)
     save_hf_checkpoint(model, directory, tokenizer=tokenizer)
     del model
     jax.clear_caches()

@@ -39,7 +39,7 @@ from flax import nnx
 from agentrl_jax.benchmarks.report import Report, peak_rss_mb
 from agentrl_jax.benchmarks.sampler import _row, interleaved
 from agentrl_jax.envs.base import Task
-from agentrl_jax.models import CausalLM, ValueModel, preset
+from agentrl_jax.models import preset, registry
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.trajectory import Step, Trajectory
@@ -94,8 +94,9 @@ def run(quick: bool) -> Report:
     cfg = preset(
         config.model.preset, vocab_size=config.model.tokenizer_vocab, **dict(config.model.overrides)
     )
-    policy = CausalLM(cfg, rngs=nnx.Rngs(0))
-    critic = ValueModel.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
+    family = registry.family(cfg)
+    policy = family.policy(cfg, rngs=nnx.Rngs(0))
+    critic = family.critic.from_policy(policy, rngs=nnx.Rngs(1)) if config.needs_critic else None
     learner = rl_learner(config, policy, critic)
     spec = learner.spec
     update = RLUpdate(spec, learner, PAD)

@@ -94,7 +94,7 @@ def _time_epoch(fn, batches) -> float:
 
 
 def run(quick: bool) -> Report:
-    from agentrl_jax.models import CausalLM, preset  # noqa: PLC0415
+    from agentrl_jax.models import preset, registry  # noqa: PLC0415
     from agentrl_jax.rl.learner import Learner  # noqa: PLC0415
 
     report = Report("sft_data")
@@ -152,7 +152,7 @@ def run(quick: bool) -> Report:
         "tiny", vocab_size=VOCAB, hidden_size=width, intermediate_size=width * 2,
         num_layers=layers, num_heads=2, num_kv_heads=1, head_dim=width // 2,
     )  # fmt: skip
-    policy = CausalLM(model_cfg, rngs=nnx.Rngs(0))
+    policy = registry.family(model_cfg).policy(model_cfg, rngs=nnx.Rngs(0))
     learner = Learner(policy, None, optax.adam(1e-4))
     state = {"s": learner.init(policy)}
 

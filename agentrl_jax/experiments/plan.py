@@ -61,7 +61,7 @@ from absl import logging
 from flax import nnx
 
 from agentrl_jax import sharding
-from agentrl_jax.models import CausalLM, ValueModel
+from agentrl_jax.models import registry
 from agentrl_jax.rl import rl_batch, sft_data
 from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import multihost
@@ -144,17 +144,18 @@ def memory_plan(
     # Disaggregated: the sampler on the devices after the learner's (the run's own rule).
     rollout_mesh = rollout_device_mesh(config, devices)
     model_cfg = model_config(config)
-    policy = nnx.eval_shape(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(0)))
+    family = registry.family(model_cfg)
+    policy = nnx.eval_shape(lambda: family.policy(model_cfg, rngs=nnx.Rngs(0)))
     # The policy as RL trains it (``build.rl_policy``): with LoRA, adapters on the targeted
     # projections (their base's logical axes, so laid out like it), the base frozen.
     lora_cfg = config.model.lora.lora_config()
     rl_pol = policy
     if config.model.lora.enabled:
         rl_cfg = model_cfg.replace(lora=lora_cfg, param_dtype=DTYPES[config.model.lora.base_dtype])
-        rl_pol = nnx.eval_shape(lambda: CausalLM(rl_cfg, rngs=nnx.Rngs(0)))
+        rl_pol = nnx.eval_shape(lambda: family.policy(rl_cfg, rngs=nnx.Rngs(0)))
     critic = None
     if config.needs_critic:
-        critic = nnx.eval_shape(lambda: ValueModel(model_cfg, rngs=nnx.Rngs(0)))
+        critic = nnx.eval_shape(lambda: family.critic(model_cfg, rngs=nnx.Rngs(0)))
     learner = rl_learner(config, rl_pol, critic, mesh)
     state = learner.abstract_state(rl_pol, critic)
     # The trainer's (``build.kl_reference``): a frozen copy, or LoRA's base, the train state's

@@ -1,4 +1,4 @@
-"""Model configuration and presets for Qwen2-family decoders."""
+"""Model configuration and presets of the decoder families (``models/registry.py``)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,44 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-# What a decoder layer saves for the backward pass (``ModelConfig.remat``); see qwen2.py.
+# What a decoder layer saves for the backward pass (``ModelConfig.remat``); see decoder.py.
 REMAT_POLICIES = ("none", "full", "save_dots")
 # The projections a LoRA adapter can target (``LoraConfig.targets``), in the decoder's order; in
 # Hugging Face and PEFT names: q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
 LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
+# The MLP gate's activations (``ModelConfig.hidden_act``): SiLU (Qwen, Llama) and GELU with the
+# tanh approximation (Gemma's ``gelu_pytorch_tanh``).
+HIDDEN_ACTS = ("silu", "gelu_tanh")
+# A layer's attention (``ModelConfig.layer_types``), in Hugging Face's names.
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Rotary frequencies rescaled for long contexts, as Hugging Face's ``rope_type`` says.
+
+    ``kind``: ``"linear"`` divides every frequency by ``factor`` (Gemma 3's global layers);
+    ``"llama3"`` divides the low frequencies (wavelength above ``original_max_position_embeddings
+    / low_freq_factor``) by ``factor``, keeps the high ones (below ``.. / high_freq_factor``) and
+    interpolates between (Llama 3.1 and later).
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self):
+        if self.kind not in ("linear", "llama3"):
+            raise ValueError(f"RopeScaling.kind={self.kind!r}; expected 'linear' or 'llama3'")
+        if not self.factor > 0:
+            raise ValueError(f"RopeScaling.factor must be positive, got {self.factor!r}")
+        if self.kind == "llama3" and not self.high_freq_factor > self.low_freq_factor > 0:
+            raise ValueError(
+                f"RopeScaling: llama3 needs high_freq_factor > low_freq_factor > 0, got "
+                f"{self.high_freq_factor} and {self.low_freq_factor}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,9 +122,10 @@ class LoraConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a Qwen2-family decoder.
+    """Shape, numerics and architecture of a decoder of one of the families.
 
-    Attributes mirror Hugging Face's ``Qwen2Config`` (see ``hf_checkpoint.config_from_hf``);
+    Attributes mirror Hugging Face's configs (each family's ``config_from_hf``, e.g.
+    ``models/qwen2.py``);
     ``dtype`` is the compute dtype (bf16 on accelerators, f32 on CPU; see ``backend_dtypes``),
     ``param_dtype`` the storage dtype.
 
@@ -104,6 +138,21 @@ class ModelConfig:
     and ``False`` mean ``"full"`` and ``"none"``.
     ``lora``: low-rank adapters on the projections (``LoraConfig``), or None (off; a
     ``LoraConfig`` of rank 0 becomes None). The base weights stay in ``param_dtype``.
+
+    The family's architecture (the defaults are Qwen2's; ``models/decoder.py`` reads them):
+    ``family``: the Hugging Face ``model_type`` whose registry entry maps checkpoints
+    (``models/registry.py``). ``attention_bias``: q/k/v biases. ``qk_norm``: an RMSNorm over
+    each head's queries and keys before RoPE (Qwen3, Gemma 3). ``norm_plus_one``: Gemma's RMSNorm,
+    ``x * (1 + w)`` computed in f32 (weights start at 0), rather than ``w * x`` rounded first.
+    ``sandwich_norms``: norms on the attention's and the MLP's outputs too, before the residual
+    adds (Gemma 3). ``embed_scale``: embeddings times sqrt(hidden_size) (Gemma).
+    ``hidden_act``: the MLP gate's activation (``HIDDEN_ACTS``). ``query_pre_attn_scalar``:
+    scores are divided by its square root (None: ``head_dim``'s). ``attn_logit_softcap`` /
+    ``final_logit_softcap``: ``cap * tanh(x / cap)`` on the attention scores / the logits (None:
+    off). ``rope_scaling``: a ``RopeScaling`` of the full-attention layers' frequencies.
+    ``layer_types``: one of ``LAYER_TYPES`` per layer (empty: all full); a sliding layer's
+    queries attend to the ``sliding_window`` latest positions (their own included), with
+    ``rope_local_theta`` as RoPE base (None: ``rope_theta``) and no scaling.
     """
 
     vocab_size: int
@@ -122,6 +171,20 @@ class ModelConfig:
     remat: str | bool = "none"
     scan_layers: bool = False
     lora: LoraConfig | None = None
+    family: str = "qwen2"
+    attention_bias: bool = True
+    qk_norm: bool = False
+    norm_plus_one: bool = False
+    sandwich_norms: bool = False
+    embed_scale: bool = False
+    hidden_act: str = "silu"
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    rope_scaling: RopeScaling | None = None
+    layer_types: tuple[str, ...] = ()
+    sliding_window: int | None = None
+    rope_local_theta: float | None = None
 
     def __post_init__(self):
         if self.lora is not None and not isinstance(self.lora, LoraConfig):
@@ -158,9 +221,44 @@ class ModelConfig:
                 f"num_heads={self.num_heads} must be a multiple of num_kv_heads="
                 f"{self.num_kv_heads} (grouped-query attention)"
             )
+        if self.hidden_act not in HIDDEN_ACTS:
+            raise ValueError(
+                f"ModelConfig.hidden_act={self.hidden_act!r}; expected one of {list(HIDDEN_ACTS)}"
+            )
+        if self.rope_scaling is not None and not isinstance(self.rope_scaling, RopeScaling):
+            raise ValueError(
+                "ModelConfig.rope_scaling must be a RopeScaling or None, got "
+                f"{type(self.rope_scaling).__name__}"
+            )
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))
+        if self.layer_types:
+            unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if unknown or len(self.layer_types) != self.num_layers:
+                raise ValueError(
+                    f"ModelConfig.layer_types must name one of {list(LAYER_TYPES)} for each of "
+                    f"the {self.num_layers} layers, got {list(self.layer_types)}"
+                )
+        if any(self.sliding_layers) and not (
+            isinstance(self.sliding_window, int) and self.sliding_window > 0
+        ):
+            raise ValueError(
+                "ModelConfig.sliding_window must be a positive int when a layer is "
+                f"sliding_attention, got {self.sliding_window!r}"
+            )
+        for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, int | float) and value > 0):
+                raise ValueError(f"ModelConfig.{name} must be positive or None, got {value!r}")
 
     def replace(self, **kwargs) -> ModelConfig:
         return dataclasses.replace(self, **kwargs)
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer: whether it attends within the sliding window (all False without any)."""
+        return tuple(t == "sliding_attention" for t in self.layer_types) or (
+            (False,) * self.num_layers
+        )
 
     @property
     def num_params(self) -> int:
@@ -171,8 +269,10 @@ class ModelConfig:
             self.num_kv_heads,
             self.head_dim,
         )
-        attn = d * h * hd + 2 * d * kv * hd + h * hd * d + (h + 2 * kv) * hd
-        layer = attn + 3 * d * f + 2 * d
+        attn = d * h * hd + 2 * d * kv * hd + h * hd * d
+        attn += (h + 2 * kv) * hd if self.attention_bias else 0
+        attn += 2 * hd if self.qk_norm else 0
+        layer = attn + 3 * d * f + (4 if self.sandwich_norms else 2) * d
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + d
 

@@ -1,7 +1,11 @@
-"""Qwen2 / Qwen2.5 decoder in flax.nnx, compatible with Hugging Face checkpoints.
+"""The decoder of every model family in flax.nnx, compatible with Hugging Face checkpoints.
 
-Grouped-query attention with q/k/v biases, rotary embeddings (rotate-half layout, the
-checkpoint's theta), RMSNorm, SwiGLU MLP, tied or untied embeddings. Names use shape suffixes:
+Grouped-query attention, rotary embeddings (rotate-half layout, the checkpoint's theta and
+scaling), RMSNorm, a gated MLP, tied or untied embeddings; the family's options in
+``ModelConfig`` add what its architecture has: q/k/v biases (Qwen2), q/k norms (Qwen3, Gemma 3),
+Gemma's (1 + w) norms around attention and MLP, scaled embeddings, GELU, logit soft-capping and
+sliding-window layers with their own RoPE base (Gemma 3). ``models/registry.py`` maps each
+family's checkpoints onto it. Names use shape suffixes:
 B batch, T new tokens, S key slots, D model width, N query heads, K kv heads, G = N // K, H head
 dim, F MLP width, V vocabulary.
 
@@ -21,6 +25,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -154,23 +159,57 @@ def _plus(x, delta):
 
 
 class RMSNorm(nnx.Module):
-    """RMSNorm computed in float32, as Hugging Face's Qwen2RMSNorm."""
+    """RMSNorm computed in float32: as Hugging Face's Qwen2RMSNorm (``w * x``, x rounded to the
+    input's dtype first), or with ``plus_one`` as Gemma3RMSNorm (``x * (1 + w)`` in f32, rounded
+    last; the weight starts at 0)."""
 
-    def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs):
+    def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs, plus_one=False):
         self.eps = eps
-        self.weight = _param(rngs, _ones, (dim,), ("norm",), param_dtype)
+        self.plus_one = plus_one
+        self.weight = _param(rngs, _zeros if plus_one else _ones, (dim,), ("norm",), param_dtype)
 
     def __call__(self, x):
         dtype = x.dtype
         x = x.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        if self.plus_one:
+            return (x * (1.0 + self.weight[...].astype(jnp.float32))).astype(dtype)
         # Cast back before scaling, in the same order as Hugging Face, so bf16 rounds alike.
         return self.weight[...].astype(dtype) * x.astype(dtype)
 
 
-def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float):
-    """cos and sin tables [B, T, H] for the rotate-half rotary layout."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+def _norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> RMSNorm:
+    return RMSNorm(dim, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs, plus_one=cfg.norm_plus_one)
+
+
+def _scaled_inv_freq(head_dim: int, theta: float, scaling) -> np.ndarray:
+    """The inverse frequencies [H / 2] under a ``RopeScaling``, in f32 as transformers'
+    ``ROPE_INIT_FUNCTIONS`` compute them (a constant of the config)."""
+    inv_freq = (1.0 / (theta ** (np.arange(0, head_dim, 2) / head_dim))).astype(np.float32)
+    factor = np.float32(scaling.factor)
+    if scaling.kind == "linear":
+        return inv_freq / factor
+    # llama3: long wavelengths divided by the factor, short ones kept, a smooth blend between.
+    old = scaling.original_max_position_embeddings
+    low_wavelen = old / scaling.low_freq_factor
+    high_wavelen = old / scaling.high_freq_factor
+    wavelen = (2 * math.pi / inv_freq).astype(np.float32)
+    llama = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq).astype(np.float32)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return np.where(medium, smoothed, llama).astype(np.float32)
+
+
+def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float, scaling=None):
+    """cos and sin tables [B, T, H] for the rotate-half rotary layout (``scaling``: a
+    ``RopeScaling`` or None)."""
+    if scaling is None:
+        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    else:
+        inv_freq = jnp.asarray(_scaled_inv_freq(head_dim, theta, scaling))
     freqs_bth = positions_bt.astype(jnp.float32)[..., None] * inv_freq
     emb = jnp.concatenate([freqs_bth, freqs_bth], axis=-1)
     return jnp.cos(emb), jnp.sin(emb)
@@ -204,18 +243,24 @@ class Attention(nnx.Module):
         self.q_weight_dnh = _param(
             rngs, _dense_init, (d, n, h), ("embed", "q_heads", "head_dim"), pd
         )
-        self.q_bias_nh = _param(rngs, _zeros, (n, h), ("q_heads", "head_dim"), pd)
+        if cfg.attention_bias:
+            self.q_bias_nh = _param(rngs, _zeros, (n, h), ("q_heads", "head_dim"), pd)
         self.k_weight_dkh = _param(
             rngs, _dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
         )
-        self.k_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
+        if cfg.attention_bias:
+            self.k_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
         self.v_weight_dkh = _param(
             rngs, _dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
         )
-        self.v_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
+        if cfg.attention_bias:
+            self.v_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
         self.o_weight_nhd = _param(
             rngs, _dense_init, (n, h, d), ("q_heads", "head_dim", "embed"), pd
         )
+        if cfg.qk_norm:
+            self.q_norm = _norm(cfg, h, rngs)
+            self.k_norm = _norm(cfg, h, rngs)
         _add_lora(self, cfg, ("q", "k", "v", "o"), rngs)
 
     def __call__(
@@ -239,10 +284,14 @@ class Attention(nnx.Module):
         cfg, dt = self.cfg, self.cfg.dtype
         k = jnp.einsum("btd,dkh->btkh", x_btd, self.k_weight_dkh[...].astype(dt))
         k = _plus(k, _lora_delta(self, cfg, "k", x_btd, lora_key, 1))
-        k = k + self.k_bias_kh[...].astype(dt)
+        if cfg.attention_bias:
+            k = k + self.k_bias_kh[...].astype(dt)
         v = jnp.einsum("btd,dkh->btkh", x_btd, self.v_weight_dkh[...].astype(dt))
         v = _plus(v, _lora_delta(self, cfg, "v", x_btd, lora_key, 2))
-        v = v + self.v_bias_kh[...].astype(dt)
+        if cfg.attention_bias:
+            v = v + self.v_bias_kh[...].astype(dt)
+        if cfg.qk_norm:
+            k = self.k_norm(k)
         k = constrain(apply_rope(k, cos_bth, sin_bth), _KV_AXES)
         if query_b is not None:
             x_btd, cos_bth, sin_bth, mask_bts = (
@@ -250,7 +299,10 @@ class Attention(nnx.Module):
             )
         q = jnp.einsum("btd,dnh->btnh", x_btd, self.q_weight_dnh[...].astype(dt))
         q = _plus(q, _lora_delta(self, cfg, "q", x_btd, lora_key, 0))
-        q = q + self.q_bias_nh[...].astype(dt)
+        if cfg.attention_bias:
+            q = q + self.q_bias_nh[...].astype(dt)
+        if cfg.qk_norm:
+            q = self.q_norm(q)
         q = constrain(apply_rope(q, cos_bth, sin_bth), _Q_AXES)
         v = constrain(v, _KV_AXES)
         b, t, n, h = q.shape
@@ -260,7 +312,7 @@ class Attention(nnx.Module):
         if cache_kv is None:
             # The chunk's own keys and values, laid out as a cache row's.
             k_bkhs, v_bksh = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, dt, slot_minor=True)
+            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, cfg, slot_minor=True)
             extra = None
         else:
             keys, v_bksh, write_bt, slot_minor = cache_kv
@@ -272,7 +324,7 @@ class Attention(nnx.Module):
             else:
                 keys = keys.at[rows_b1, :, write_bt].set(k.astype(keys.dtype), mode="drop")
             v_bksh = v_bksh.at[rows_b1, :, write_bt].set(v.astype(v_bksh.dtype), mode="drop")
-            out_btkgh = _attention(q_btkgh, keys, v_bksh, mask_bts, dt, slot_minor=slot_minor)
+            out_btkgh = _attention(q_btkgh, keys, v_bksh, mask_bts, cfg, slot_minor=slot_minor)
             extra = (keys, v_bksh)
         out_btnh = out_btkgh.reshape(b, t, n, h)
         out = jnp.einsum("btnh,nhd->btd", out_btnh, self.o_weight_nhd[...].astype(dt))
@@ -290,15 +342,20 @@ _SCORES_PER_CHUNK = 1 << 20
 _SCORES_PER_BATCH_CHUNK = 1 << 28
 
 
-def _attention(q_btkgh, keys, v_bksh, mask_bts, dt, *, slot_minor: bool):
+def _attention(q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor: bool):
     """[B, T, K, G, H] attention of T queries over S keys: a cache row's slots, or the chunk's own
     keys (teacher forcing) laid out the same way.
 
     The queries of a kv head, X = G * T of them, are the rows of one plain matmul against the
     keys in the cache's layout (keys [B, K, H, S] when ``slot_minor``, else [B, K, S, H]; values
     [B, K, S, H]): no copy or transpose of the cache. Long chunks over many keys are split into
-    query chunks (``_SCORES_PER_CHUNK``), run one after another.
+    query chunks (``_SCORES_PER_CHUNK``), run one after another. Scores are divided by the
+    square root of ``cfg.query_pre_attn_scalar`` (default: the head dim) and soft-capped by
+    ``cfg.attn_logit_softcap`` (if set) before the mask.
     """
+    dt = cfg.dtype
+    scalar = cfg.query_pre_attn_scalar or q_btkgh.shape[-1]
+    softcap = cfg.attn_logit_softcap
     b, t, kv, g, h = q_btkgh.shape
     slots = v_bksh.shape[2]
     scores_spec = "bkxh,bkhs->bkxs" if slot_minor else "bkxh,bksh->bkxs"
@@ -315,7 +372,9 @@ def _attention(q_btkgh, keys, v_bksh, mask_bts, dt, *, slot_minor: bool):
         c = q_bckgh.shape[1]
         q_bkxh = q_bckgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * c, h)
         scores = jnp.einsum(scores_spec, q_bkxh, keys.astype(dt))
-        scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(h))
+        scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(scalar))
+        if softcap is not None:
+            scores = jnp.tanh(scores / softcap) * softcap
         mask_bxs = jnp.tile(mask_bcs, (1, g, 1))  # row x = (g, c) is query c's mask
         scores = jnp.where(mask_bxs[:, None], scores, _NEG_INF)
         # Softmax normalised after the values' matmul: the division runs over [.., H], not
@@ -355,17 +414,29 @@ class MLP(nnx.Module):
         gate = _plus(gate, _lora_delta(self, cfg, "gate", x_btd, lora_key, 4))
         up = jnp.einsum("btd,df->btf", x_btd, self.up_weight_df[...].astype(dt))
         up = _plus(up, _lora_delta(self, cfg, "up", x_btd, lora_key, 5))
-        hidden = jax.nn.silu(gate) * up
+        if cfg.hidden_act == "gelu_tanh":
+            hidden = jax.nn.gelu(gate, approximate=True) * up
+        else:
+            hidden = jax.nn.silu(gate) * up
         out = jnp.einsum("btf,fd->btd", hidden, self.down_weight_fd[...].astype(dt))
         return _plus(out, _lora_delta(self, cfg, "down", hidden, lora_key, 6))
 
 
 class DecoderLayer(nnx.Module):
+    """Attention and MLP, each behind a norm and added to the residual stream. ``post_attn_norm``
+    is the MLP's input norm (Hugging Face's ``post_attention_layernorm`` in Qwen and Llama, its
+    ``pre_feedforward_layernorm`` in Gemma 3); with ``cfg.sandwich_norms``, ``attn_out_norm`` and
+    ``mlp_out_norm`` normalise the two outputs before they are added."""
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+        self.input_norm = _norm(cfg, cfg.hidden_size, rngs)
         self.attn = Attention(cfg, rngs=rngs)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+        self.post_attn_norm = _norm(cfg, cfg.hidden_size, rngs)
         self.mlp = MLP(cfg, rngs=rngs)
+        self.sandwich = cfg.sandwich_norms
+        if cfg.sandwich_norms:
+            self.attn_out_norm = _norm(cfg, cfg.hidden_size, rngs)
+            self.mlp_out_norm = _norm(cfg, cfg.hidden_size, rngs)
 
     def __call__(
         self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None, lora_key=None
@@ -378,6 +449,10 @@ class DecoderLayer(nnx.Module):
         )
         if query_b is not None:
             x_btd = at_positions(x_btd, query_b)
+        if self.sandwich:
+            x_btd = x_btd + self.attn_out_norm(attn_out)
+            mlp_out = self.mlp_out_norm(self.mlp(self.post_attn_norm(x_btd), lora_key))
+            return constrain(x_btd + mlp_out, _RESIDUAL_AXES), extra
         x_btd = x_btd + attn_out
         x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd), lora_key), _RESIDUAL_AXES)
         return x_btd, extra
@@ -489,17 +564,29 @@ class Trunk(nnx.Module):
             self.layers = _stacked_layers(cfg, rngs)
         else:
             self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs)
+        self.final_norm = _norm(cfg, cfg.hidden_size, rngs)
 
-    def _run_layers(self, x_btd, cos_bth, sin_bth, mask_bts, lora_key=None):
+    def _views(self, positions_bt, mask_bts):
+        """What a layer attends with, ``(cos_bth, sin_bth, mask_bts)``: the full-attention
+        layers' and, when some layer slides, the sliding layers' (their window cut from the mask,
+        their own RoPE base, no scaling; else None)."""
+        cfg = self.cfg
+        full = (*rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),)
+        if not any(cfg.sliding_layers):
+            return (*full, mask_bts), None
+        theta = cfg.rope_local_theta or cfg.rope_theta
+        return (*full, mask_bts), (*rope_tables(positions_bt, cfg.head_dim, theta), None)
+
+    def _run_layers(self, x_btd, views, lora_key=None):
         """Teacher forcing through every layer (scanned or unrolled), rematerialised per layer
-        as ``cfg.remat`` says. Layer i's LoRA dropout key is ``fold_in(lora_key, i)``."""
+        as ``cfg.remat`` says. Layer i's LoRA dropout key is ``fold_in(lora_key, i)``; it
+        attends with ``views[cfg.sliding_layers[i]]`` (``_views``)."""
         cfg = self.cfg
         keys = None
         if lora_key is not None:
             keys = jax.vmap(lambda i: jax.random.fold_in(lora_key, i))(jnp.arange(cfg.num_layers))
 
-        def apply(x_btd, graphdef, state, key):
+        def apply(x_btd, graphdef, state, key, cos_bth, sin_bth, mask_bts):
             x_btd, _ = nnx.merge(graphdef, state)(x_btd, cos_bth, sin_bth, mask_bts, lora_key=key)
             return x_btd
 
@@ -511,14 +598,27 @@ class Trunk(nnx.Module):
                 prevent_cse=not cfg.scan_layers,
                 static_argnums=(1,),
             )
+        full, local = views
         if not cfg.scan_layers:
             for i, layer in enumerate(self.layers):
-                x_btd = apply(x_btd, *nnx.split(layer), None if keys is None else keys[i])
+                view = local if cfg.sliding_layers[i] else full
+                x_btd = apply(x_btd, *nnx.split(layer), None if keys is None else keys[i], *view)
             return x_btd
         graphdef, state = nnx.split(self.layers)
-        x_btd, _ = jax.lax.scan(
-            lambda x, s_k: (apply(x, graphdef, *s_k), None), x_btd, (state, keys)
-        )
+        if local is None:
+            x_btd, _ = jax.lax.scan(
+                lambda x, s_k: (apply(x, graphdef, *s_k, *full), None), x_btd, (state, keys)
+            )
+            return x_btd
+
+        def body(x, xs):
+            # Mixed layer types in one scan: each layer picks its view by its flag.
+            state, key, sliding = xs
+            view = [jnp.where(sliding, a, b) for a, b in zip(local, full, strict=True)]
+            return apply(x, graphdef, state, key, *view), None
+
+        sliding_l = jnp.asarray(cfg.sliding_layers)
+        x_btd, _ = jax.lax.scan(body, x_btd, (state, keys, sliding_l))
         return x_btd
 
     def __call__(
@@ -557,6 +657,9 @@ class Trunk(nnx.Module):
         # used), so the gathered rows come out batch-sharded rather than width-sharded.
         embed_vd = constrain(self.embed_vd[...], ("vocab", None))
         x_btd = jnp.take(embed_vd, tokens_bt, axis=0).astype(cfg.dtype)
+        if cfg.embed_scale:
+            # Gemma: sqrt(D) in the compute dtype, as transformers rounds it to the weights'.
+            x_btd = x_btd * jnp.asarray(math.sqrt(cfg.hidden_size), cfg.dtype)
         x_btd = constrain(x_btd, _RESIDUAL_AXES)
 
         if cache is None:
@@ -564,8 +667,12 @@ class Trunk(nnx.Module):
             positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
             causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
             mask_bts = causal_ts[None] & mask_bt[:, None, :]
-            cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
-            x_btd = self._run_layers(x_btd, cos_bth, sin_bth, mask_bts, lora_dropout_key)
+            full, local = self._views(positions_bt, mask_bts)
+            if local is not None:
+                # Keys more than the window behind the query's position are out of reach.
+                near = positions_bt[:, :, None] - positions_bt[:, None, :] < cfg.sliding_window
+                local = (*local[:2], mask_bts & near)
+            x_btd = self._run_layers(x_btd, (full, local), lora_dropout_key)
             return self.final_norm(x_btd), None
 
         if num_new_b is None:
@@ -576,7 +683,11 @@ class Trunk(nnx.Module):
         # Padding rows of the chunk are written to slot S' (out of bounds) and dropped, so a
         # short row never overwrites its own history or spills into a neighbour's slots.
         write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, cache.slots)
-        cos_bth, sin_bth = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta)
+        full, local = self._views(positions_bt, mask_bts)
+        if local is not None:
+            # A slot holds the key of the position equal to its index: the window is a slot range.
+            near = slots_s[None, None, :] > positions_bt[:, :, None] - cfg.sliding_window
+            local = (*local[:2], mask_bts & near)
 
         # With a cache, the layers run as a Python loop even when scanned: each reads and writes
         # its own layer's arrays of the cache in place. (A decode loop should call
@@ -587,9 +698,7 @@ class Trunk(nnx.Module):
         for i, layer in enumerate(layers):
             x_btd, (k_i, v_i) = layer(
                 x_btd,
-                cos_bth,
-                sin_bth,
-                mask_bts,
+                *(local if cfg.sliding_layers[i] else full),
                 (cache.keys[i], cache.values[i], write_bt, cache.keys_slot_minor),
                 last_b if i == len(layers) - 1 else None,
             )
@@ -623,7 +732,11 @@ class CausalLM(nnx.Module):
             out = jnp.einsum("btd,vd->btv", hidden_btd, self.trunk.embed_vd[...].astype(dt))
         else:
             out = jnp.einsum("btd,dv->btv", hidden_btd, self.lm_head_dv[...].astype(dt))
-        return constrain(out.astype(jnp.float32), ("batch", "seq", "act_vocab"))
+        out = out.astype(jnp.float32)
+        if self.cfg.final_logit_softcap is not None:
+            cap = self.cfg.final_logit_softcap
+            out = jnp.tanh(out / cap) * cap
+        return constrain(out, ("batch", "seq", "act_vocab"))
 
     def __call__(
         self, tokens_bt, *, mask_bt=None, cache=None, num_new_b=None, lora_dropout_key=None

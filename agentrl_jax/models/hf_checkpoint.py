@@ -1,4 +1,7 @@
-"""Load and save Hugging Face Qwen2 / Qwen2.5 checkpoints (config.json + safetensors).
+"""Load and save Hugging Face checkpoints of every registered family (config.json + safetensors).
+
+The checkpoint's ``model_type`` picks its family (``models/registry.py``), which maps its
+config.json and tensor names onto the decoder.
 
 Loading never builds the whole model on one device: the model is traced abstractly, each
 parameter's sharding comes from ``agentrl_jax.sharding``'s rules, and
@@ -23,7 +26,6 @@ Public API::
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -42,22 +44,18 @@ from safetensors.numpy import save_file
 
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
+from agentrl_jax.models import registry
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.decoder import CausalLM, ValueModel, stacked_layer_index
+from agentrl_jax.models.family import CheckpointError, TensorMap
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # transformers' ``generate`` defaults (here: where it stops), read beside config.json.
 GENERATION_CONFIG_FILE = "generation_config.json"
-SUPPORTED_MODEL_TYPES = ("qwen2",)
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM",)
 
 _log = logging.getLogger(__name__)
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory, its config.json or one of its tensors is not usable."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -89,24 +87,11 @@ def _check_dir(path: str | pathlib.Path) -> pathlib.Path:
     return path
 
 
-def _rope_theta(hf: dict[str, Any], source: pathlib.Path | str) -> float:
-    """The RoPE base from either the legacy (``rope_theta``) or transformers-5 layout."""
-    params = hf.get("rope_parameters") or {}
-    legacy_scaling = hf.get("rope_scaling")
-    for field, block in (("rope_parameters", params), ("rope_scaling", legacy_scaling or {})):
-        kind = block.get("rope_type", block.get("type", "default"))
-        if kind != "default":
-            raise CheckpointError(
-                f"{source}: {field}.rope_type={kind!r} is not supported (only default RoPE)"
-            )
-    theta = params.get("rope_theta", hf.get("rope_theta", 10_000.0))
-    return float(theta)
-
-
 def config_from_hf(
     hf: dict[str, Any], *, source: pathlib.Path | str = CONFIG_FILE, **overrides
 ) -> ModelConfig:
-    """A ModelConfig from a Hugging Face Qwen2 ``config.json`` dict.
+    """A ModelConfig from a Hugging Face ``config.json`` dict, by its family's mapping
+    (``registry.for_hf``: the ``model_type``).
 
     Args:
       hf: the parsed config.json.
@@ -118,63 +103,8 @@ def config_from_hf(
       CheckpointError: for an unsupported model_type / architecture / attention variant, or a
         missing or invalid field, naming the file, field and value.
     """
-    model_type = hf.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise CheckpointError(
-            f"{source}: model_type={model_type!r} is not supported; "
-            f"expected one of {list(SUPPORTED_MODEL_TYPES)}"
-        )
-    archs = hf.get("architectures") or list(SUPPORTED_ARCHITECTURES)
-    unsupported = [a for a in archs if a not in SUPPORTED_ARCHITECTURES]
-    if unsupported:
-        raise CheckpointError(
-            f"{source}: architectures={archs!r} is not supported; "
-            f"expected {list(SUPPORTED_ARCHITECTURES)}"
-        )
-    if hf.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(
-            f"{source}: hidden_act={hf['hidden_act']!r} is not supported; expected 'silu'"
-        )
-    if hf.get("use_sliding_window", False):
-        raise CheckpointError(
-            f"{source}: use_sliding_window=true is not supported (full attention only)"
-        )
-
-    def need_int(field: str, default: int | None = None) -> int:
-        value = hf.get(field, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise CheckpointError(
-                f"{source}: field {field!r} must be a positive integer, got {value!r}"
-            )
-        return value
-
-    hidden, heads = need_int("hidden_size"), need_int("num_attention_heads")
-    kv_heads = need_int("num_key_value_heads", heads)
-    if hf.get("head_dim") is None and hidden % heads:
-        raise CheckpointError(
-            f"{source}: hidden_size={hidden} is not divisible by num_attention_heads={heads} "
-            "and no head_dim is given"
-        )
-    head_dim = need_int("head_dim", hidden // heads)
-    if heads % kv_heads:
-        raise CheckpointError(
-            f"{source}: num_attention_heads={heads} is not a multiple of "
-            f"num_key_value_heads={kv_heads}"
-        )
-    fields = dict(
-        vocab_size=need_int("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=need_int("intermediate_size"),
-        num_layers=need_int("num_hidden_layers"),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rope_theta=_rope_theta(hf, source),
-        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        # Qwen2Config's own default is untied; checkpoints state it explicitly.
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_position_embeddings=need_int("max_position_embeddings", 32768),
-    )
+    family = registry.for_hf(hf, source)
+    fields = {**family.config_from_hf(hf, source), "family": family.model_type}
     fields.update(overrides)
     return ModelConfig(**fields)
 
@@ -182,31 +112,14 @@ def config_from_hf(
 def config_to_hf(
     cfg: ModelConfig, *, torch_dtype: str = "float32", eos_token_id: int | None = None
 ) -> dict[str, Any]:
-    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as its
-    family's causal LM; with ``eos_token_id``, the token that ends a generation."""
+    """The config.json dict transformers (and vLLM) need to rebuild ``cfg`` as its family's
+    causal LM; with ``eos_token_id``, the token that ends a generation."""
+    family = registry.family(cfg)
     eos = {} if eos_token_id is None else {"eos_token_id": int(eos_token_id)}
     return {
-        "architectures": list(SUPPORTED_ARCHITECTURES),
-        "model_type": "qwen2",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_layers,
-        "num_attention_heads": cfg.num_heads,
-        "num_key_value_heads": cfg.num_kv_heads,
-        "head_dim": cfg.head_dim,
-        "hidden_act": "silu",
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        # Both layouts: transformers >= 5 reads rope_parameters, older readers rope_theta.
-        "rope_theta": cfg.rope_theta,
-        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "use_sliding_window": False,
-        "max_window_layers": cfg.num_layers,
-        "attention_dropout": 0.0,
-        "initializer_range": 0.02,
-        "use_cache": True,
+        "architectures": [family.architectures[0]],
+        "model_type": family.model_type,
+        **family.config_to_hf(cfg),
         # transformers >= 5 writes "dtype"; older readers (and vLLM) look for "torch_dtype".
         "dtype": torch_dtype,
         "torch_dtype": torch_dtype,
@@ -224,77 +137,9 @@ def load_config(path: str | pathlib.Path, **overrides) -> ModelConfig:
 # Name and layout mapping
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorMap:
-    """How one of our parameters is stored in a Hugging Face checkpoint.
-
-    The HF tensor is viewed with each of its dims split into ``groups`` (e.g. q_proj.weight
-    [N*H, D] -> view [N, H, D] with groups ((N, H), (D,))); our parameter is
-    ``view.transpose(perm)``.
-    """
-
-    hf_name: str
-    groups: tuple[tuple[int, ...], ...]
-    perm: tuple[int, ...]
-
-    @property
-    def hf_shape(self) -> tuple[int, ...]:
-        return tuple(math.prod(g) for g in self.groups)
-
-    @property
-    def view_shape(self) -> tuple[int, ...]:
-        return tuple(n for g in self.groups for n in g)
-
-    @property
-    def our_shape(self) -> tuple[int, ...]:
-        view = self.view_shape
-        return tuple(view[p] for p in self.perm)
-
-    def to_hf(self, ours: np.ndarray) -> np.ndarray:
-        """Our full array -> the HF tensor."""
-        return np.ascontiguousarray(ours.transpose(np.argsort(self.perm))).reshape(self.hf_shape)
-
-    def _plan(self, index: tuple[slice, ...]):
-        """The HF index a part of our parameter reads, the read's view and the in-memory slice.
-
-        A leading view dim of each group maps to a contiguous HF range; inner dims of a group
-        are sliced after the read.
-        """
-        ours_shape = self.our_shape
-        index = tuple(index) + (slice(None),) * (len(ours_shape) - len(index))
-        view_ranges: list[tuple[int, int]] = [(0, 0)] * len(ours_shape)
-        for i, p in enumerate(self.perm):
-            start, stop, step = index[i].indices(ours_shape[i])
-            assert step == 1, "shards are contiguous"
-            view_ranges[p] = (start, stop)
-        hf_index, inner, local_view = [], [], []
-        v = 0
-        for group in self.groups:
-            rest = math.prod(group[1:])
-            start, stop = view_ranges[v]
-            hf_index.append(slice(start * rest, stop * rest))
-            local_view.extend((stop - start, *group[1:]))
-            inner.append(slice(None))
-            inner.extend(slice(*view_ranges[v + k]) for k in range(1, len(group)))
-            v += len(group)
-        return tuple(hf_index), tuple(local_view), tuple(inner)
-
-    def hf_index(self, index: tuple[slice, ...]) -> tuple[slice, ...]:
-        """The part of the HF tensor that ``read(..., index)`` reads from the file."""
-        return self._plan(index)[0]
-
-    def read(self, hf_slice: Any, index: tuple[slice, ...]) -> np.ndarray:
-        """Reads the part of our parameter at ``index`` from a safetensors slice handle.
-
-        Only the HF rows (and columns) the part needs are read (``hf_index``).
-        """
-        hf_index, local_view, inner = self._plan(index)
-        data = np.asarray(hf_slice[hf_index])
-        return data.reshape(local_view)[inner].transpose(self.perm)
-
-
 def tensor_maps(cfg: ModelConfig, *, prefix: tuple = ()) -> dict[tuple, TensorMap]:
-    """Our parameter paths (as in ``nnx.to_flat_state``) -> their HF tensors.
+    """Our parameter paths (as in ``nnx.to_flat_state``) -> their HF tensors, by ``cfg``'s
+    family (``Family.tensor_maps``).
 
     Layer parameters are keyed as an unrolled model's, ``(..., "layers", i, ...)``; a scanned
     model's stacked parameter ``(..., "layers", ...)`` is their L tensors stacked (see
@@ -304,55 +149,7 @@ def tensor_maps(cfg: ModelConfig, *, prefix: tuple = ()) -> dict[tuple, TensorMa
       cfg: the model config.
       prefix: the trunk's path prefix is ``prefix + ("trunk",)``; the LM head is at ``prefix``.
     """
-    tm = TensorMap
-    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    t = (*prefix, "trunk")
-    maps = {
-        (*t, "embed_vd"): TensorMap("model.embed_tokens.weight", ((v,), (d,)), (0, 1)),
-        (*t, "final_norm", "weight"): TensorMap("model.norm.weight", ((d,),), (0,)),
-    }
-    for i in range(cfg.num_layers):
-        hf, ours = f"model.layers.{i}.", (*t, "layers", i)
-        attn, att = f"{hf}self_attn.", (*ours, "attn")
-        maps.update(
-            {
-                (*ours, "input_norm", "weight"): TensorMap(
-                    f"{hf}input_layernorm.weight", ((d,),), (0,)
-                ),
-                (*ours, "post_attn_norm", "weight"): TensorMap(
-                    f"{hf}post_attention_layernorm.weight", ((d,),), (0,)
-                ),
-                # nn.Linear stores [out, in]; ours is [in, heads, head_dim].
-                (*att, "q_weight_dnh"): TensorMap(
-                    f"{attn}q_proj.weight", ((n, h), (d,)), (2, 0, 1)
-                ),
-                (*att, "k_weight_dkh"): TensorMap(
-                    f"{attn}k_proj.weight", ((k, h), (d,)), (2, 0, 1)
-                ),
-                (*att, "v_weight_dkh"): TensorMap(
-                    f"{attn}v_proj.weight", ((k, h), (d,)), (2, 0, 1)
-                ),
-                (*att, "q_bias_nh"): tm(f"{attn}q_proj.bias", ((n, h),), (0, 1)),
-                (*att, "k_bias_kh"): tm(f"{attn}k_proj.bias", ((k, h),), (0, 1)),
-                (*att, "v_bias_kh"): tm(f"{attn}v_proj.bias", ((k, h),), (0, 1)),
-                (*att, "o_weight_nhd"): TensorMap(
-                    f"{attn}o_proj.weight", ((d,), (n, h)), (1, 2, 0)
-                ),
-                (*ours, "mlp", "gate_weight_df"): TensorMap(
-                    f"{hf}mlp.gate_proj.weight", ((f,), (d,)), (1, 0)
-                ),
-                (*ours, "mlp", "up_weight_df"): TensorMap(
-                    f"{hf}mlp.up_proj.weight", ((f,), (d,)), (1, 0)
-                ),
-                (*ours, "mlp", "down_weight_fd"): TensorMap(
-                    f"{hf}mlp.down_proj.weight", ((d,), (f,)), (1, 0)
-                ),
-            }
-        )
-    if not cfg.tie_word_embeddings:
-        maps[(*prefix, "lm_head_dv")] = TensorMap("lm_head.weight", ((v,), (d,)), (1, 0))
-    return maps
+    return registry.family(cfg).tensor_maps(cfg, prefix=prefix)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,7 +395,8 @@ def load_hf_model(
     process_of: Callable[[Any], int] | None = None,
     **overrides,
 ) -> CausalLM:
-    """A CausalLM with the weights of a local Hugging Face checkpoint directory.
+    """The policy (its family's, a ``CausalLM``) with the weights of a local Hugging Face
+    checkpoint directory.
 
     Args:
       path: directory with config.json and model.safetensors (or model.safetensors.index.json
@@ -624,8 +422,9 @@ def load_hf_model(
     path = _check_dir(path)
     lora = overrides.pop("lora", None)
     cfg = load_config(path, **overrides)
+    policy = registry.family(cfg).policy
     model = _load_into(
-        lambda: CausalLM(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
+        lambda: policy(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
     )
     return lora_lib.apply_lora(model, lora)
 
@@ -642,8 +441,9 @@ def load_hf_value_model(
     path = _check_dir(path)
     lora = overrides.pop("lora", None)
     cfg = load_config(path, **overrides)
+    critic = registry.family(cfg).critic
     model = _load_into(
-        lambda: ValueModel(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
+        lambda: critic(cfg, rngs=nnx.Rngs(0)), cfg, path, mesh, process_of=process_of
     )
     return lora_lib.apply_lora(model, lora)
 
@@ -684,7 +484,7 @@ def save_hf_checkpoint(
     tokenizer: Any = None,
     eos_token_id: int | None = None,
 ) -> pathlib.Path:
-    """Writes ``model`` as a Hugging Face checkpoint of its family.
+    """Writes ``model`` as a Hugging Face checkpoint of its family (``cfg.family``).
 
     Tensors are gathered to the host one at a time (all processes take part; process 0 writes),
     so host memory holds at most one output file's worth.
@@ -692,7 +492,7 @@ def save_hf_checkpoint(
     Args:
       model: the policy (sharded or not). A LoRA policy is merged first (``lora.merge``: each
         adapted weight W + A B alpha / rank, summed in f32; one more copy of the base on the
-        devices while it is written), so the files are a plain Qwen2 checkpoint.
+        devices while it is written), so the files are a plain checkpoint of its family.
       out_dir: created if needed; existing files of the same names are overwritten.
       dtype: storage dtype (default: the model's param_dtype), e.g. ``jnp.bfloat16``.
       max_shard_bytes: above this, tensors are split into ``model-0000i-of-0000n.safetensors``

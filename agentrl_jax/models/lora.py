@@ -1,8 +1,9 @@
-"""LoRA on the Qwen2 decoder: adapters on a model, what trains, and the merged copy.
+"""LoRA on the decoder: adapters on a model, what trains, and the merged copy.
 
 The adapters are part of the model (``ModelConfig.lora``, a ``LoraConfig``): each targeted
 projection W (q, k, v, o, gate, up, down) of every layer gets A [in, rank] and B [rank, out],
-``nnx.LoRAParam`` variables beside W in the same module (``qwen2.lora_slots`` names them), and
+``nnx.LoRAParam`` variables beside W in the same module (the family's ``lora_slots`` name
+them: ``registry.family(cfg).lora_slots``), and
 the layer computes ``x @ W + dropout(x) @ A @ B * (alpha / rank)``, as PEFT does. So everything
 that handles a model handles a LoRA model unchanged: ``nnx.split`` / ``nnx.state``, jit, the
 scanned layout (the pairs are stacked [L, ...] like every layer parameter and ride the same
@@ -33,8 +34,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 
 from agentrl_jax import sharding as sharding_lib
+from agentrl_jax.models import registry
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.decoder import lora_slots, stacked_layer_index
+from agentrl_jax.models.decoder import stacked_layer_index
 
 M = TypeVar("M", bound=nnx.Module)
 
@@ -135,7 +137,7 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0, base_dtype: 
     so.
 
     Args:
-      model: a ``CausalLM`` or ``ValueModel`` without LoRA, scanned or not.
+      model: a policy or value model without LoRA, scanned or not.
       lora: the adapters; None or rank 0 returns ``model`` itself.
       seed: draws A.
       base_dtype: the frozen base's storage dtype; None keeps the model's.
@@ -156,7 +158,7 @@ def apply_lora(model: M, lora: LoraConfig | None, *, seed: int = 0, base_dtype: 
     mesh = _mesh_of(model)
     _, abstract = _abstract(cls, cfg)
     fan_in = {}
-    for slot in lora_slots(cfg).values():
+    for slot in registry.family(cfg).lora_slots(cfg).values():
         fan_in[(slot.module, slot.a)] = slot.fan_in
         fan_in[(slot.module, slot.b)] = None  # B starts at zero
     paths, specs, shardings = [], [], []
@@ -240,7 +242,7 @@ def attach_adapters(
 def _merged_state(state: nnx.State, cfg: ModelConfig, dtype, mesh: Mesh | None) -> nnx.State:
     """The state of ``merge``'s model: each adapted W as W + A B * scale (in f32, then cast to
     ``dtype``), the adapters dropped, every floating array in ``dtype``."""
-    slots = lora_slots(cfg)
+    slots = registry.family(cfg).lora_slots(cfg)
     flat = nnx.to_flat_state(state)
     by_path = dict(flat)
     by_weight = {(s.module, s.weight): s for t, s in slots.items() if t in cfg.lora.targets}

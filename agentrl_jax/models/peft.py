@@ -34,8 +34,10 @@ from safetensors.numpy import save_file
 
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
+from agentrl_jax.models import registry
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.decoder import LoraSlot, lora_slots
+from agentrl_jax.models.decoder import LoraSlot
+from agentrl_jax.models.family import LLAMA_LORA_MODULES
 from agentrl_jax.models.hf_checkpoint import (
     CheckpointError,
     TensorMap,
@@ -45,21 +47,11 @@ from agentrl_jax.models.hf_checkpoint import (
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_FILE = "adapter_model.safetensors"
-# Our target -> (the Hugging Face module holding it, its name).
-HF_MODULES = {
-    "q": ("self_attn", "q_proj"),
-    "k": ("self_attn", "k_proj"),
-    "v": ("self_attn", "v_proj"),
-    "o": ("self_attn", "o_proj"),
-    "gate": ("mlp", "gate_proj"),
-    "up": ("mlp", "up_proj"),
-    "down": ("mlp", "down_proj"),
-}
-_TARGET_OF = {proj: target for target, (_, proj) in HF_MODULES.items()}
 # A PEFT key of a decoder projection's adapter ("default" is the adapter's name, which
-# PeftModel.save_pretrained leaves out; accepted when present).
+# PeftModel.save_pretrained leaves out; accepted when present). The modules' names are the
+# family's (``Family.lora_modules``: target -> (HF module, projection)).
 _KEY = re.compile(
-    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])"
+    r"^base_model\.model\.model\.layers\.(\d+)\.(\w+)\.(\w+)\.lora_([AB])"
     r"(?:\.default)?\.weight$"
 )
 
@@ -75,9 +67,10 @@ __all__ = [
 ]
 
 
-def peft_key(layer: int, target: str, which: str) -> str:
-    """PEFT's tensor name of layer ``layer``'s ``target`` adapter, ``which`` "A" or "B"."""
-    module, proj = HF_MODULES[target]
+def peft_key(cfg: ModelConfig, layer: int, target: str, which: str) -> str:
+    """PEFT's tensor name of layer ``layer``'s ``target`` adapter, ``which`` "A" or "B", in
+    ``cfg``'s family's module names."""
+    module, proj = registry.family(cfg).lora_modules[target]
     return f"base_model.model.model.layers.{layer}.{module}.{proj}.lora_{which}.weight"
 
 
@@ -97,7 +90,7 @@ def _adapter_paths(model: nnx.Module) -> dict[tuple[str, str], tuple]:
     out = {}
     for path, var in nnx.to_flat_state(lora_lib.adapters(model)):
         del var
-        for target, slot in lora_slots(model.cfg).items():
+        for target, slot in registry.family(model.cfg).lora_slots(model.cfg).items():
             for which, name in (("A", slot.a), ("B", slot.b)):
                 if path[-2:] == (slot.module, name):
                     out.setdefault((target, which), path)
@@ -113,9 +106,13 @@ def _layer_path(path: tuple, layer: int, scanned: bool) -> tuple:
 
 
 def adapter_config_dict(
-    lora: LoraConfig, *, base_model_name_or_path: str | None = None
+    lora: LoraConfig,
+    *,
+    base_model_name_or_path: str | None = None,
+    modules: Any = None,
 ) -> dict[str, Any]:
-    """The ``adapter_config.json`` PEFT needs for ``lora`` on a causal LM."""
+    """The ``adapter_config.json`` PEFT needs for ``lora`` on a causal LM whose family names its
+    projections as ``modules`` (``Family.lora_modules``; default: Llama's names)."""
     alpha = int(lora.alpha) if float(lora.alpha).is_integer() else lora.alpha
     return {
         "peft_type": "LORA",
@@ -124,7 +121,7 @@ def adapter_config_dict(
         "r": lora.rank,
         "lora_alpha": alpha,
         "lora_dropout": lora.dropout,
-        "target_modules": sorted(HF_MODULES[t][1] for t in lora.targets),
+        "target_modules": sorted((modules or LLAMA_LORA_MODULES)[t][1] for t in lora.targets),
         "bias": "none",
         "fan_in_fan_out": False,
         "inference_mode": True,
@@ -169,7 +166,8 @@ def save_peft_adapter(
         raise ValueError("save_peft_adapter: the model has no LoRA adapters (cfg.lora is None)")
     directory = pathlib.Path(directory)
     dtype = np.dtype(cfg.lora.param_dtype if dtype is None else dtype)
-    slots = lora_slots(cfg)
+    family = registry.family(cfg)
+    slots = family.lora_slots(cfg)
     flat = dict(nnx.to_flat_state(lora_lib.adapters(model)))
     paths = _adapter_paths(model)
     tensors = {}
@@ -182,10 +180,15 @@ def save_peft_adapter(
                 if cfg.scan_layers:
                     array = array[layer]
                 host = sharding_lib.host_array(array)
-                tensors[peft_key(layer, target, which)] = maps[which].to_hf(host).astype(dtype)
+                key = peft_key(cfg, layer, target, which)
+                tensors[key] = maps[which].to_hf(host).astype(dtype)
     if jax.process_index() == 0:
         directory.mkdir(parents=True, exist_ok=True)
-        config = adapter_config_dict(cfg.lora, base_model_name_or_path=base_model_name_or_path)
+        config = adapter_config_dict(
+            cfg.lora,
+            base_model_name_or_path=base_model_name_or_path,
+            modules=family.lora_modules,
+        )
         (directory / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2) + "\n")
         save_file(tensors, str(directory / ADAPTER_FILE), metadata={"format": "pt"})
     return directory
@@ -317,14 +320,17 @@ def load_peft_adapter(model: M, directory: str | pathlib.Path, *, param_dtype: A
     except (SafetensorError, OSError) as e:
         raise CheckpointError(f"{file}: cannot read it as safetensors: {e}") from e
 
+    family = registry.family(cfg)
+    modules = family.lora_modules
+    target_of = {proj: target for target, (_, proj) in modules.items()}
     found: dict[tuple[int, str, str], np.ndarray] = {}
     for key, array in arrays.items():
         match = _KEY.match(key)
-        target = _TARGET_OF.get(match.group(3)) if match else None
-        if match is None or target is None or HF_MODULES[target][0] != match.group(2):
+        target = target_of.get(match.group(3)) if match else None
+        if match is None or target is None or modules[target][0] != match.group(2):
             raise CheckpointError(
                 f"{file}: tensor {key!r} is not a LoRA adapter of a decoder projection "
-                f"({', '.join(p for _, p in HF_MODULES.values())}); not supported"
+                f"({', '.join(p for _, p in modules.values())}); not supported"
             )
         layer = int(match.group(1))
         if layer >= cfg.num_layers:
@@ -344,14 +350,14 @@ def load_peft_adapter(model: M, directory: str | pathlib.Path, *, param_dtype: A
         **({} if param_dtype is None else {"param_dtype": param_dtype}),
     )
     lcfg = cfg.replace(lora=lora)
-    slots = lora_slots(lcfg)
+    slots = family.lora_slots(lcfg)
     per_layer: dict[tuple[str, str], list[np.ndarray]] = {}
     for target in targets:
         maps = _tensor_maps(slots[target])
         for which in ("A", "B"):
             tmap = maps[which]
             for layer in range(cfg.num_layers):
-                key = peft_key(layer, target, which)
+                key = peft_key(cfg, layer, target, which)
                 array = found.get((layer, target, which))
                 if array is None:
                     raise CheckpointError(

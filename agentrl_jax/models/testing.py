@@ -3,7 +3,8 @@
 ``TEST_CONFIG`` is a tiny Qwen2 whose every sharded axis divides by 2 and 4, so it runs on any of
 the (data, fsdp, tp) test meshes over 8 fake CPU devices. ``random_hf_checkpoint`` writes a
 randomly initialised Hugging Face Qwen2 (built by transformers itself, so it is an independent
-reference for our loader), and ``hf_logits`` runs it; both need torch (the ``test`` extra).
+reference for our loader), ``random_transformers_checkpoint`` one of any family from a
+transformers config, and ``hf_logits`` runs either; they need torch (the ``test`` extra).
 """
 
 from __future__ import annotations
@@ -65,6 +66,26 @@ def random_hf_checkpoint(
         raise ValueError("transformers' Qwen2 needs head_dim == hidden_size // num_heads")
     torch.manual_seed(seed)
     model = transformers.Qwen2ForCausalLM(hf_config)
+    return _randomise_and_save(model, out_dir, std=std, dtype=dtype)
+
+
+def random_transformers_checkpoint(
+    out_dir: str | pathlib.Path, hf_config, *, seed: int = 0, std: float = 0.2
+) -> pathlib.Path:
+    """Saves transformers' own causal LM of ``hf_config`` (a ``transformers.*Config`` of any
+    family: ``AutoModelForCausalLM.from_config``) with N(0, std) weights, norms included, in f32.
+    """
+    import torch  # noqa: PLC0415 (test-only dependency)
+    import transformers  # noqa: PLC0415
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+    return _randomise_and_save(model, out_dir, std=std, dtype="float32")
+
+
+def _randomise_and_save(model, out_dir, *, std: float, dtype: str) -> pathlib.Path:
+    import torch  # noqa: PLC0415
+
     with torch.no_grad():
         for param in model.parameters():
             param.normal_(0.0, std)
@@ -81,12 +102,13 @@ def hf_logits(
     *,
     adapter_dir: str | pathlib.Path | None = None,
 ):
-    """[B, T, V] float32 logits of transformers' Qwen2ForCausalLM (eager attention) on a batch;
-    with ``adapter_dir``, of that PEFT adapter loaded onto it (``peft.PeftModel``)."""
+    """[B, T, V] float32 logits of transformers' causal LM of the checkpoint's family (eager
+    attention) on a batch; with ``adapter_dir``, of that PEFT adapter loaded onto it
+    (``peft.PeftModel``)."""
     import torch  # noqa: PLC0415
     import transformers  # noqa: PLC0415
 
-    model = transformers.Qwen2ForCausalLM.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         str(ckpt_dir), attn_implementation="eager", dtype=torch.float32
     ).eval()
     if adapter_dir is not None:

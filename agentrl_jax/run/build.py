@@ -33,7 +33,7 @@ from jax.sharding import Mesh
 from agentrl_jax import sharding, timing
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
-from agentrl_jax.models import CausalLM, ModelConfig, ValueModel, preset
+from agentrl_jax.models import CausalLM, ModelConfig, ValueModel, preset, registry
 from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.rl import sft_data
 from agentrl_jax.rl.learner import Learner
@@ -549,14 +549,16 @@ def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> Caus
     model_cfg = model_config(config, vocab_size=vocab_size)
     # One compiled initialiser, each parameter created in its layout on the mesh.
     seed = config.seed
-    return create_sharded_model(lambda: CausalLM(model_cfg, rngs=nnx.Rngs(seed)), mesh)
+    model_cls = registry.family(model_cfg).policy
+    return create_sharded_model(lambda: model_cls(model_cfg, rngs=nnx.Rngs(seed)), mesh)
 
 
 def critic(config: RunConfig, policy: CausalLM) -> ValueModel | None:
     """The value model, its trunk a copy of ``policy``'s (None when the estimator needs none)."""
     if not config.needs_critic:
         return None
-    return ValueModel.from_policy(policy, rngs=nnx.Rngs(config.seed + 1))
+    critic_cls = registry.family(policy.cfg).critic
+    return critic_cls.from_policy(policy, rngs=nnx.Rngs(config.seed + 1))
 
 
 def checkpointer(config: RunConfig, workdir: str) -> Checkpointer:

@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from agentrl_jax.models.decoder import unroll_layers
+from agentrl_jax.models import registry
 from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.sampling.logits import draw, fold_in
 from agentrl_jax.sampling.params import DoneReason, SamplingParams, StopConfig
@@ -182,7 +182,8 @@ def run_turn(
     # Prefill: one forward pass over the chunk; only the last valid position needs logits.
     # A scanned model's stacked layer parameters are sliced into per-layer arrays once per turn:
     # the decode loop then reads each layer's weights in place.
-    model = unroll_layers(nnx.merge(graphdef, state))
+    model = nnx.merge(graphdef, state)
+    model = registry.family(model.cfg).unroll_layers(model)
     graphdef, state = nnx.split(model)
     if share is None:
         hidden_b1d, cache = model.trunk(chunk_bt, cache=cache, num_new_b=num_new_b, last_only=True)

@@ -7,6 +7,7 @@ import jax
 import numpy as np
 from flax import nnx
 
+from agentrl_jax.models import registry
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.decoder import CausalLM
 from agentrl_jax.models.testing import random_model
@@ -29,7 +30,7 @@ def random_policy(cfg: ModelConfig = SMALL, *, seed: int = 0, std: float = 0.08)
     The default std (4x the usual 0.02) makes next-token distributions peaked, so top-k/top-p
     and stopping checks are not vacuous on an otherwise near-uniform random model.
     """
-    return random_model(CausalLM, cfg, seed=seed, std=std)
+    return random_model(registry.family(cfg).policy, cfg, seed=seed, std=std)
 
 
 class TeacherForcer:
