@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl_jax.models import qwen2
+from agentrl_jax.models import qwen2, qwen3
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.family import CheckpointError, Family
 
@@ -18,6 +18,7 @@ FAMILIES: dict[str, Family] = {
     family.model_type: family
     for family in (
         qwen2.FAMILY,
+        qwen3.FAMILY,
     )
 }
 MODEL_TYPES = tuple(FAMILIES)
