@@ -65,10 +65,31 @@ def _qwen3(variant: str):
     )
 
 
+def _llama(variant: str):
+    """Llama 3.x: no biases, llama3 RoPE scaling (a short original context, so the low, medium
+    and high frequencies all occur), tied (3.2 1B / 3B) or untied (3.1 8B) embeddings."""
+    return transformers.LlamaConfig(
+        **COMMON,
+        num_hidden_layers=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=variant == "tied",
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 500_000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    )
+
+
 # family -> (its variants, a transformers config per variant). Variants cover tied and untied
 # embeddings and each optional piece of the architecture once.
 FAMILIES = {
     "qwen3": (("tied", "untied"), _qwen3),
+    "llama": (("tied", "untied"), _llama),
 }
 CASES = [(family, v) for family, (variants, _) in FAMILIES.items() for v in variants]
 IDS = [f"{family}-{v}" for family, v in CASES]
@@ -83,8 +104,9 @@ def case(request, tmp_path_factory):
     if request.param not in _CKPTS:
         hf_config = FAMILIES[family][1](variant)
         seed = len(_CKPTS)
+        # std 0.3: logits of several units, so a 1e-4 bar is well below what the weights move.
         _CKPTS[request.param] = random_transformers_checkpoint(
-            tmp_path_factory.mktemp(f"{family}-{variant}"), hf_config, seed=seed
+            tmp_path_factory.mktemp(f"{family}-{variant}"), hf_config, seed=seed, std=0.3
         )
     return family, variant, _CKPTS[request.param]
 

@@ -245,7 +245,7 @@ def test_corrupt_config(ckpt_copy):
 @pytest.mark.parametrize(
     ("changes", "message"),
     [
-        ({"model_type": "llama"}, r"model_type='llama' is not supported"),
+        ({"model_type": "mistral"}, r"model_type='mistral' is not supported"),
         ({"architectures": ["LlamaForCausalLM"]}, r"architectures=\['LlamaForCausalLM'\]"),
         ({"hidden_size": "64"}, r"field 'hidden_size' must be a positive integer, got '64'"),
         ({"num_key_value_heads": 3}, r"num_attention_heads=4 is not a multiple of .*=3"),
