@@ -85,13 +85,44 @@ def _llama(variant: str):
     )
 
 
-# family -> (its variants, a transformers config per variant). Variants cover tied and untied
-# embeddings and each optional piece of the architecture once.
+def _gemma3(variant: str):
+    """Gemma 3 text: sliding layers (window 4, shorter than the batch's rows) around a global
+    one, each kind with its RoPE base (the global one scaled linearly when ``capped``), a head
+    dim (32) other than hidden / heads, query_pre_attn_scalar 24, and, when ``capped``,
+    soft-capped logits."""
+    capped = variant == "capped"
+    return transformers.Gemma3TextConfig(
+        **COMMON,
+        num_hidden_layers=3,
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        query_pre_attn_scalar=24,
+        sliding_window=4,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        rope_parameters={
+            "full_attention": (
+                {"rope_type": "linear", "factor": 2.0, "rope_theta": 100_000.0}
+                if capped
+                else {"rope_type": "default", "rope_theta": 1_000_000.0}
+            ),
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        },
+        final_logit_softcapping=30.0 if capped else None,
+    )
+
+
+# family -> (its variants, a transformers config per variant, the weights' std). Variants cover
+# tied and untied embeddings and each optional piece of the architecture once. The std puts the
+# logits at several units (the bars then sit well below what the weights move) but not much
+# more: Gemma's embeddings are scaled by sqrt(64) = 8, and at std 0.3 its logits reach ~20,
+# where f32 rounding alone moves them by several 1e-6 (transformers' own f32 against its f64:
+# 3e-6); run in f64, ours and transformers + PEFT agree there within 1e-14.
 FAMILIES = {
-    "qwen3": (("tied", "untied"), _qwen3),
-    "llama": (("tied", "untied"), _llama),
+    "qwen3": (("tied", "untied"), _qwen3, 0.3),
+    "llama": (("tied", "untied"), _llama, 0.3),
+    "gemma3_text": (("capped", "plain"), _gemma3, 0.2),
 }
-CASES = [(family, v) for family, (variants, _) in FAMILIES.items() for v in variants]
+CASES = [(family, v) for family, (variants, *_) in FAMILIES.items() for v in variants]
 IDS = [f"{family}-{v}" for family, v in CASES]
 
 _CKPTS: dict[tuple[str, str], pathlib.Path] = {}
@@ -102,11 +133,10 @@ def case(request, tmp_path_factory):
     """(family, variant, checkpoint dir): one random transformers checkpoint per case."""
     family, variant = request.param
     if request.param not in _CKPTS:
-        hf_config = FAMILIES[family][1](variant)
-        seed = len(_CKPTS)
-        # std 0.3: logits of several units, so a 1e-4 bar is well below what the weights move.
+        _, make_config, std = FAMILIES[family]
+        seed = CASES.index(request.param)
         _CKPTS[request.param] = random_transformers_checkpoint(
-            tmp_path_factory.mktemp(f"{family}-{variant}"), hf_config, seed=seed, std=0.3
+            tmp_path_factory.mktemp(f"{family}-{variant}"), make_config(variant), seed=seed, std=std
         )
     return family, variant, _CKPTS[request.param]
 
@@ -154,6 +184,7 @@ def test_logits_match_transformers(case, scan):
     tokens, mask = _padded_batch()
     model = hc.load_hf_model(ckpt, scan_layers=scan)
     ref = hf_logits(ckpt, tokens, mask)
+    print(f"{family}-{variant} max |logit| {np.abs(ref).max():.1f}")
     assert np.abs(ref).max() > 1.0  # random weights large enough to make the check meaningful
     diffs = _row_diffs(_forward(model, tokens, mask), ref, mask)
     print(f"{family}-{variant} {'scanned' if scan else 'unrolled'} f32 logits: {_fmt(diffs)}")
@@ -269,3 +300,35 @@ def test_peft_adapter_in_our_model(case, tmp_path):
     diffs = _row_diffs(_forward(model, tokens, mask), theirs, mask)
     print(f"{family}-{variant} peft's adapter in ours: {_fmt(diffs)}")
     assert max(diffs.values()) <= PEFT_TOL, diffs
+
+
+def test_gemma3_legacy_fields_and_refusals():
+    """Older Gemma 3 configs: ``sliding_window_pattern`` for the layer types, ``rope_theta`` /
+    ``rope_local_base_freq`` / ``rope_scaling`` for the two RoPE kinds. Refused, naming the
+    field: attention-score capping (transformers' Gemma 3 ignores it) and other rope types."""
+    legacy = {
+        "model_type": "gemma3_text",
+        "architectures": ["Gemma3ForCausalLM"],
+        **{k: v for k, v in COMMON.items()},
+        "num_hidden_layers": 7,
+        "head_dim": 32,
+        "sliding_window": 8,
+        "sliding_window_pattern": 3,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "rope_scaling": {"rope_type": "linear", "factor": 8.0},
+        "query_pre_attn_scalar": 32,
+    }
+    cfg = hc.config_from_hf(legacy)
+    assert cfg.sliding_layers == (True, True, False, True, True, False, True)
+    assert (cfg.rope_theta, cfg.rope_local_theta) == (1_000_000.0, 10_000.0)
+    assert cfg.rope_scaling.kind == "linear" and cfg.rope_scaling.factor == 8.0
+    assert cfg.tie_word_embeddings and cfg.norm_plus_one and cfg.hidden_act == "gelu_tanh"
+    # Ours reads back the same from the layout transformers 5 writes.
+    assert hc.config_from_hf(hc.config_to_hf(cfg)) == cfg
+    with pytest.raises(hc.CheckpointError, match=r"attn_logit_softcapping=50\.0 is not supported"):
+        hc.config_from_hf({**legacy, "attn_logit_softcapping": 50.0})
+    with pytest.raises(hc.CheckpointError, match=r"rope_scaling.rope_type='yarn'"):
+        hc.config_from_hf({**legacy, "rope_scaling": {"rope_type": "yarn", "factor": 2.0}})
+    with pytest.raises(hc.CheckpointError, match=r"model_type='gemma3' is not supported"):
+        hc.config_from_hf({**legacy, "model_type": "gemma3"})

@@ -147,9 +147,9 @@ class ModelConfig:
     ``sandwich_norms``: norms on the attention's and the MLP's outputs too, before the residual
     adds (Gemma 3). ``embed_scale``: embeddings times sqrt(hidden_size) (Gemma).
     ``hidden_act``: the MLP gate's activation (``HIDDEN_ACTS``). ``query_pre_attn_scalar``:
-    scores are divided by its square root (None: ``head_dim``'s). ``attn_logit_softcap`` /
-    ``final_logit_softcap``: ``cap * tanh(x / cap)`` on the attention scores / the logits (None:
-    off). ``rope_scaling``: a ``RopeScaling`` of the full-attention layers' frequencies.
+    scores are divided by its square root (None: ``head_dim``'s). ``final_logit_softcap``:
+    ``cap * tanh(x / cap)`` on the logits (None: off). ``rope_scaling``: a ``RopeScaling`` of
+    the full-attention layers' frequencies.
     ``layer_types``: one of ``LAYER_TYPES`` per layer (empty: all full); a sliding layer's
     queries attend to the ``sliding_window`` latest positions (their own included), with
     ``rope_local_theta`` as RoPE base (None: ``rope_theta``) and no scaling.
@@ -179,7 +179,6 @@ class ModelConfig:
     embed_scale: bool = False
     hidden_act: str = "silu"
     query_pre_attn_scalar: float | None = None
-    attn_logit_softcap: float | None = None
     final_logit_softcap: float | None = None
     rope_scaling: RopeScaling | None = None
     layer_types: tuple[str, ...] = ()
@@ -245,7 +244,7 @@ class ModelConfig:
                 "ModelConfig.sliding_window must be a positive int when a layer is "
                 f"sliding_attention, got {self.sliding_window!r}"
             )
-        for name in ("query_pre_attn_scalar", "attn_logit_softcap", "final_logit_softcap"):
+        for name in ("query_pre_attn_scalar", "final_logit_softcap"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and value > 0):
                 raise ValueError(f"ModelConfig.{name} must be positive or None, got {value!r}")

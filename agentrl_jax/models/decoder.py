@@ -3,7 +3,7 @@
 Grouped-query attention, rotary embeddings (rotate-half layout, the checkpoint's theta and
 scaling), RMSNorm, a gated MLP, tied or untied embeddings; the family's options in
 ``ModelConfig`` add what its architecture has: q/k/v biases (Qwen2), q/k norms (Qwen3, Gemma 3),
-Gemma's (1 + w) norms around attention and MLP, scaled embeddings, GELU, logit soft-capping and
+Gemma's (1 + w) norms around attention and MLP, scaled embeddings, GELU, capped logits and
 sliding-window layers with their own RoPE base (Gemma 3). ``models/registry.py`` maps each
 family's checkpoints onto it. Names use shape suffixes:
 B batch, T new tokens, S key slots, D model width, N query heads, K kv heads, G = N // K, H head
@@ -350,12 +350,10 @@ def _attention(q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor:
     keys in the cache's layout (keys [B, K, H, S] when ``slot_minor``, else [B, K, S, H]; values
     [B, K, S, H]): no copy or transpose of the cache. Long chunks over many keys are split into
     query chunks (``_SCORES_PER_CHUNK``), run one after another. Scores are divided by the
-    square root of ``cfg.query_pre_attn_scalar`` (default: the head dim) and soft-capped by
-    ``cfg.attn_logit_softcap`` (if set) before the mask.
+    square root of ``cfg.query_pre_attn_scalar`` (default: the head dim).
     """
     dt = cfg.dtype
     scalar = cfg.query_pre_attn_scalar or q_btkgh.shape[-1]
-    softcap = cfg.attn_logit_softcap
     b, t, kv, g, h = q_btkgh.shape
     slots = v_bksh.shape[2]
     scores_spec = "bkxh,bkhs->bkxs" if slot_minor else "bkxh,bksh->bkxs"
@@ -373,8 +371,6 @@ def _attention(q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor:
         q_bkxh = q_bckgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * c, h)
         scores = jnp.einsum(scores_spec, q_bkxh, keys.astype(dt))
         scores = scores.astype(jnp.float32) / jnp.sqrt(jnp.float32(scalar))
-        if softcap is not None:
-            scores = jnp.tanh(scores / softcap) * softcap
         mask_bxs = jnp.tile(mask_bcs, (1, g, 1))  # row x = (g, c) is query c's mask
         scores = jnp.where(mask_bxs[:, None], scores, _NEG_INF)
         # Softmax normalised after the values' matmul: the division runs over [.., H], not

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl_jax.models import llama, qwen2, qwen3
+from agentrl_jax.models import gemma3, llama, qwen2, qwen3
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.family import CheckpointError, Family
 
@@ -20,6 +20,7 @@ FAMILIES: dict[str, Family] = {
         qwen2.FAMILY,
         qwen3.FAMILY,
         llama.FAMILY,
+        gemma3.FAMILY,
     )
 }
 MODEL_TYPES = tuple(FAMILIES)
