@@ -197,6 +197,31 @@ def test_fresh_value_model_head():
     np.testing.assert_allclose(out, expected, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    "name", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "llama3.2-1b", "llama3.1-8b", "gemma3-1b"]
+)
+def test_family_preset_matches_transformers(name):
+    """A family preset's config.json builds transformers' own model (on the meta device) with
+    as many parameters as ours, and reads back as the preset; our module tree has as many."""
+    torch = pytest.importorskip("torch")
+    import transformers
+
+    from agentrl_jax.models import registry
+    from agentrl_jax.models.hf_checkpoint import config_from_hf, config_to_hf
+
+    cfg = preset(name)
+    hf = config_to_hf(cfg)
+    hf_cfg = transformers.AutoConfig.for_model(**hf)
+    with torch.device("meta"):
+        hf_model = transformers.AutoModelForCausalLM.from_config(hf_cfg)
+    assert type(hf_model).__name__ == registry.family(cfg).architectures[0]
+    assert cfg.num_params == sum(p.numel() for p in hf_model.parameters())
+    assert config_from_hf(hf) == cfg.replace(scan_layers=False)
+    abstract = nnx.eval_shape(lambda: registry.family(cfg).policy(cfg, rngs=nnx.Rngs(0)))
+    count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert count == cfg.num_params
+
+
 def test_preset_parameter_counts_match_transformers():
     """Our count formula and module tree against transformers' own Qwen2 (on the meta device)."""
     torch = pytest.importorskip("torch")

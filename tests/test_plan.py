@@ -12,6 +12,7 @@ import pytest
 from train_cli import REPO
 
 from agentrl_jax.experiments import plan
+from agentrl_jax.models.config import preset
 from agentrl_jax.run.config import ConfigError, from_config_dict, load_config_file
 
 
@@ -332,3 +333,16 @@ def test_async_plan_holds_the_background_rollout_beside_score_and_update():
     apart = plan.memory_plan(from_config_dict(cd, num_devices=4), programs=learner)
     for a, s in zip(apart["programs"], sync["programs"], strict=True):
         assert a["per_device_bytes"]["peak"] == s["per_device_bytes"]["peak"], a["name"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "llama3.2-1b", "gemma3-1b"])
+def test_family_presets_plan(name):
+    """Each family's smallest preset plans (its real shapes, 4 fake devices, FSDP and TP)."""
+    cd = load_config_file("configs/tiny_textworld.py:test")
+    cd.mesh, cd.model.preset, cd.model.overrides = (1, 2, 2), name, {}
+    result = json.loads(json.dumps(plan.memory_plan(from_config_dict(cd, num_devices=4))))
+    assert result["model"]["params"] == preset(name).num_params
+    names = [p["name"] for p in result["programs"]]
+    assert names == ["sampler_turn", "sft_step", "score", "rl_update"]
+    assert all(p["per_device_bytes"]["total"] > 0 for p in result["programs"])

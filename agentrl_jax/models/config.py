@@ -336,6 +336,103 @@ PRESETS: dict[str, ModelConfig] = {
         scan_layers=True,
     ),
 }
+# The other families' presets: their checkpoints' config.json as each family's
+# ``config_from_hf`` reads it (tests/test_models.py counts their parameters against
+# transformers' own classes).
+_QWEN3 = dict(
+    family="qwen3",
+    attention_bias=False,
+    qk_norm=True,
+    vocab_size=151936,
+    num_kv_heads=8,
+    head_dim=128,
+    max_position_embeddings=40960,
+    scan_layers=True,
+)
+_LLAMA3 = dict(
+    family="llama",
+    attention_bias=False,
+    vocab_size=128256,
+    num_kv_heads=8,
+    rope_theta=500_000.0,
+    rms_norm_eps=1e-5,
+    max_position_embeddings=131072,
+    scan_layers=True,
+)
+PRESETS.update(
+    {
+        "qwen3-0.6b": ModelConfig(
+            **_QWEN3,
+            hidden_size=1024,
+            intermediate_size=3072,
+            num_layers=28,
+            num_heads=16,
+            tie_word_embeddings=True,
+        ),
+        "qwen3-1.7b": ModelConfig(
+            **_QWEN3,
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_layers=28,
+            num_heads=16,
+            tie_word_embeddings=True,
+        ),
+        "qwen3-8b": ModelConfig(
+            **_QWEN3,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_layers=36,
+            num_heads=32,
+            tie_word_embeddings=False,
+        ),
+        "llama3.2-1b": ModelConfig(
+            **_LLAMA3,
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_layers=16,
+            num_heads=32,
+            head_dim=64,
+            tie_word_embeddings=True,
+            rope_scaling=RopeScaling("llama3", 32.0),
+        ),
+        "llama3.1-8b": ModelConfig(
+            **_LLAMA3,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_layers=32,
+            num_heads=32,
+            head_dim=128,
+            tie_word_embeddings=False,
+            rope_scaling=RopeScaling("llama3", 8.0),
+        ),
+        # Sliding layers (window 512) with a global one every sixth.
+        "gemma3-1b": ModelConfig(
+            family="gemma3_text",
+            vocab_size=262144,
+            hidden_size=1152,
+            intermediate_size=6912,
+            num_layers=26,
+            num_heads=4,
+            num_kv_heads=1,
+            head_dim=256,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+            attention_bias=False,
+            qk_norm=True,
+            norm_plus_one=True,
+            sandwich_norms=True,
+            embed_scale=True,
+            hidden_act="gelu_tanh",
+            query_pre_attn_scalar=256,
+            layer_types=tuple(
+                "full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(26)
+            ),
+            sliding_window=512,
+            rope_local_theta=10_000.0,
+            scan_layers=True,
+        ),
+    }
+)
 
 
 def backend_dtypes(backend: str | None = None) -> dict[str, Any]:
