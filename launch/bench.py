@@ -40,7 +40,9 @@ BENCHMARKS = (
 _OUT = flags.DEFINE_string("out", None, "Where to write the JSON report.")
 _QUICK = flags.DEFINE_bool("quick", False, "Shrink every workload (plumbing check only).")
 _MODEL = flags.DEFINE_string(
-    "model", None, "iteration, device: the model preset (random weights), e.g. qwen2.5-1.5b."
+    "model",
+    None,
+    "iteration, device, parity: the model preset (random weights), e.g. qwen2.5-1.5b or qwen3-8b.",
 )
 _CONFIG = flags.DEFINE_string(
     "config", None, "iteration: the config file (path[:arg]) to run, default the built-in default."
@@ -60,8 +62,10 @@ def main(argv):
     module = importlib.import_module(f"agentrl_jax.benchmarks.{argv[1]}")
     options = {}
     if _MODEL.value:
-        if argv[1] not in ("iteration", "device"):
-            raise app.UsageError("--model is an option of the iteration and device benchmarks")
+        if argv[1] not in ("iteration", "device", "parity"):
+            raise app.UsageError(
+                "--model is an option of the iteration, device and parity benchmarks"
+            )
         options["model"] = _MODEL.value
     if _CONFIG.value or _SET.value:
         if argv[1] != "iteration":

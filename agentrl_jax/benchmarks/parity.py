@@ -2,12 +2,13 @@ r"""Our bfloat16 logits against transformers' bfloat16, both measured against fl
 
     python -m launch.bench parity --out parity.json
 
-A Qwen2.5-0.5B-shaped checkpoint with random weights (std 0.02; built and saved by transformers
-itself, so it is an independent reference for our loader), 4 rows of 128 random ids with the
+A Qwen2.5-0.5B-shaped checkpoint (``--model``: another preset's shape and family) with random
+weights (std 0.02; built and saved by transformers itself, so it is an independent reference for
+our loader), 4 rows of 128 random ids with the
 last rows padded. The truth is transformers' float32 forward (eager attention). Both sides then
 run in bfloat16 on the same chip (transformers on PyTorch's device: CUDA where it sees one, else
 the CPU): our model loaded with ``load_hf_model(dtype=bfloat16)`` (the compute dtype of the
-shipped Qwen configs), transformers' cast with ``.to(bfloat16)``.
+shipped configs), transformers' cast with ``.to(bfloat16)``.
 
 ``<preset>/logits_max_abs_error``: the largest absolute difference from the truth over every
 real position's logits; ``ours`` is ours, ``reference`` transformers'; lower is better, so the
@@ -26,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from agentrl_jax.benchmarks.report import Report, Row
+from agentrl_jax.models import registry
 from agentrl_jax.models.config import preset
-from agentrl_jax.models.testing import positions_from_mask, random_hf_checkpoint
+from agentrl_jax.models.testing import positions_from_mask, random_family_checkpoint
 
 TOLERANCE_FACTOR = 2.0  # ours within this factor of transformers' own bf16 error
 
@@ -36,7 +38,7 @@ def _hf_logits(ckpt: str, tokens: np.ndarray, mask: np.ndarray, dtype, device: s
     import torch  # noqa: PLC0415 - the test extra's; on the accelerator image's python3
     import transformers  # noqa: PLC0415
 
-    model = transformers.Qwen2ForCausalLM.from_pretrained(
+    model = transformers.AutoModelForCausalLM.from_pretrained(
         ckpt, attn_implementation="eager", dtype=torch.float32
     )
     model = model.to(device=device, dtype=getattr(torch, dtype)).eval()
@@ -66,8 +68,10 @@ def _torch_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def run(quick: bool) -> Report:
-    name = "tiny" if quick else "qwen2.5-0.5b"
+def run(quick: bool, model: str | None = None) -> Report:
+    """``model``: the preset whose shape and family are measured (default: qwen2.5-0.5b;
+    ``--quick``: the tiny one)."""
+    name = model or ("tiny" if quick else "qwen2.5-0.5b")
     cfg = preset(name)
     if quick:
         cfg = cfg.replace(num_layers=1)
@@ -78,10 +82,11 @@ def run(quick: bool) -> Report:
     mask[batch // 2 :, length - length // 4 :] = 0  # padded rows, as a batch of episodes has
     device = _torch_device()
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = str(random_hf_checkpoint(tmp, cfg, std=0.02))
+        ckpt = str(random_family_checkpoint(tmp, cfg, std=0.02))
         truth = _hf_logits(ckpt, tokens, mask, "float32", device)
         theirs = _hf_logits(ckpt, tokens, mask, "bfloat16", device)
         ours = _our_logits(ckpt, tokens, mask)
+    architecture = registry.family(cfg).architectures[0]
     real = mask.astype(bool)
     err_ours = np.abs(ours - truth)[real]
     err_theirs = np.abs(theirs - truth)[real]
@@ -90,7 +95,7 @@ def run(quick: bool) -> Report:
         "batch": batch,
         "length": length,
         "truth_max_abs_logit": float(np.abs(truth[real]).max()),
-        "reference_is": f"transformers Qwen2ForCausalLM in bfloat16 on {device}",
+        "reference_is": f"transformers {architecture} in bfloat16 on {device}",
     }
     max_row = Row(
         f"{name}/logits_max_abs_error",

@@ -33,8 +33,9 @@ alike; rows report medians, with every run's seconds and the spread ((max - min)
 the JSON. The machine's load average at the start and the end is recorded: read the figures
 from a run on an idle machine.
 
-The reference model is transformers' Qwen2ForCausalLM loaded from a checkpoint of our weights
-written by ``save_hf_checkpoint``; the run fails if its logits differ from ours by over 1e-4.
+The reference model is transformers' causal LM of the policy's family, loaded from a checkpoint
+of our weights written by ``save_hf_checkpoint``; the run fails if its logits differ from ours by
+over 1e-4.
 """
 
 from __future__ import annotations
@@ -279,8 +280,8 @@ def run(quick: bool) -> Report:
 
 
 def _reference_model(policy, *, dtype=None, device: str = "cpu"):
-    """transformers' Qwen2ForCausalLM from a checkpoint of the same weights, on torch ``device``
-    in torch ``dtype`` (default: the checkpoint's)."""
+    """transformers' causal LM of the policy's family from a checkpoint of the same weights, on
+    torch ``device`` in torch ``dtype`` (default: the checkpoint's)."""
     import transformers  # noqa: PLC0415
 
     from agentrl_jax.models.hf_checkpoint import save_hf_checkpoint  # noqa: PLC0415
@@ -288,7 +289,9 @@ def _reference_model(policy, *, dtype=None, device: str = "cpu"):
     with tempfile.TemporaryDirectory() as tmp:
         save_hf_checkpoint(policy, tmp)
         kwargs = {} if dtype is None else {"dtype": dtype}
-        model = transformers.Qwen2ForCausalLM.from_pretrained(tmp, local_files_only=True, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, local_files_only=True, **kwargs
+        )
     return model.to(device).eval()
 
 

@@ -83,6 +83,19 @@ def random_transformers_checkpoint(
     return _randomise_and_save(model, out_dir, std=std, dtype="float32")
 
 
+def random_family_checkpoint(
+    out_dir: str | pathlib.Path, cfg: ModelConfig, *, seed: int = 0, std: float = 0.2
+) -> pathlib.Path:
+    """Saves transformers' own causal LM of ``cfg``'s family and shape (its config.json as
+    ``hf_checkpoint.config_to_hf`` writes it) with N(0, std) weights, in f32."""
+    import transformers  # noqa: PLC0415
+
+    from agentrl_jax.models.hf_checkpoint import config_to_hf  # noqa: PLC0415
+
+    hf_config = transformers.AutoConfig.for_model(**config_to_hf(cfg))
+    return random_transformers_checkpoint(out_dir, hf_config, seed=seed, std=std)
+
+
 def _randomise_and_save(model, out_dir, *, std: float, dtype: str) -> pathlib.Path:
     import torch  # noqa: PLC0415
 

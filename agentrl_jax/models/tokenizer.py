@@ -39,6 +39,9 @@ MIN_VOCAB_SIZE = len(SPECIAL_TOKENS) + _BYTE_ALPHABET
 def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizerBase:
     """Loads the tokenizer in a local directory (a Hugging Face checkpoint or ``build_tokenizer``).
 
+    A tokenizer without a pad token (Llama 3's) pads with its eos token: padding is masked
+    wherever it is read, and the sampler, SFT and RL batches need an id to fill with.
+
     Raises:
       FileNotFoundError: the directory or its tokenizer files are missing.
       ValueError: the files exist but transformers cannot load them.
@@ -52,9 +55,14 @@ def load_tokenizer(path: str | pathlib.Path) -> transformers.PreTrainedTokenizer
             f"(found: {sorted(p.name for p in path.iterdir())[:10]})"
         )
     try:
-        return transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tok = transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"cannot load the tokenizer in {path}: {e}") from e
+    if tok.pad_token is None and tok.eos_token is not None:
+        tok.pad_token = tok.eos_token
+    if tok.pad_token is None:
+        raise ValueError(f"the tokenizer in {path} has neither a pad nor an eos token to pad with")
+    return tok
 
 
 def build_tokenizer(
