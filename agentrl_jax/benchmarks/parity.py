@@ -58,7 +58,10 @@ def _our_logits(ckpt: str, tokens: np.ndarray, mask: np.ndarray) -> np.ndarray:
     from agentrl_jax.models.hf_checkpoint import load_hf_model  # noqa: PLC0415
 
     model = load_hf_model(ckpt, dtype=jnp.bfloat16)
-    logits = jax.jit(lambda t, m: model(t, mask_bt=m)[0])(jnp.asarray(tokens), jnp.asarray(mask))
+    # The model is an argument, not a constant of the program (a 1B model's weights would be
+    # copied into it: 5 GB more on the host).
+    forward = jax.jit(lambda model, t, m: model(t, mask_bt=m)[0])
+    logits = forward(model, jnp.asarray(tokens), jnp.asarray(mask))
     return np.asarray(logits.astype(jnp.float32))
 
 

@@ -562,16 +562,19 @@ class Trunk(nnx.Module):
             self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
         self.final_norm = _norm(cfg, cfg.hidden_size, rngs)
 
-    def _views(self, positions_bt, mask_bts):
+    def _views(self, positions_bt, key_positions_bs, mask_bts):
         """What a layer attends with, ``(cos_bth, sin_bth, mask_bts)``: the full-attention
-        layers' and, when some layer slides, the sliding layers' (their window cut from the mask,
-        their own RoPE base, no scaling; else None)."""
+        layers' and, when some layer slides, the sliding layers' (else None): their own RoPE
+        base, no scaling, and the mask without the keys (at ``key_positions_bs``: the chunk's
+        positions, or a cache row's slot indices, [1, S]) a window or more behind the query."""
         cfg = self.cfg
-        full = (*rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling),)
+        full = rope_tables(positions_bt, cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         if not any(cfg.sliding_layers):
             return (*full, mask_bts), None
         theta = cfg.rope_local_theta or cfg.rope_theta
-        return (*full, mask_bts), (*rope_tables(positions_bt, cfg.head_dim, theta), None)
+        near_bts = positions_bt[:, :, None] - key_positions_bs[:, None, :] < cfg.sliding_window
+        local = rope_tables(positions_bt, cfg.head_dim, theta)
+        return (*full, mask_bts), (*local, mask_bts & near_bts)
 
     def _run_layers(self, x_btd, views, lora_key=None):
         """Teacher forcing through every layer (scanned or unrolled), rematerialised per layer
@@ -663,12 +666,8 @@ class Trunk(nnx.Module):
             positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
             causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
             mask_bts = causal_ts[None] & mask_bt[:, None, :]
-            full, local = self._views(positions_bt, mask_bts)
-            if local is not None:
-                # Keys more than the window behind the query's position are out of reach.
-                near = positions_bt[:, :, None] - positions_bt[:, None, :] < cfg.sliding_window
-                local = (*local[:2], mask_bts & near)
-            x_btd = self._run_layers(x_btd, (full, local), lora_dropout_key)
+            views = self._views(positions_bt, positions_bt, mask_bts)
+            x_btd = self._run_layers(x_btd, views, lora_dropout_key)
             return self.final_norm(x_btd), None
 
         if num_new_b is None:
@@ -679,11 +678,8 @@ class Trunk(nnx.Module):
         # Padding rows of the chunk are written to slot S' (out of bounds) and dropped, so a
         # short row never overwrites its own history or spills into a neighbour's slots.
         write_bt = jnp.where(jnp.arange(t)[None] < num_new_b[:, None], positions_bt, cache.slots)
-        full, local = self._views(positions_bt, mask_bts)
-        if local is not None:
-            # A slot holds the key of the position equal to its index: the window is a slot range.
-            near = slots_s[None, None, :] > positions_bt[:, :, None] - cfg.sliding_window
-            local = (*local[:2], mask_bts & near)
+        # A slot holds the key of the position equal to its index.
+        full, local = self._views(positions_bt, slots_s[None], mask_bts)
 
         # With a cache, the layers run as a Python loop even when scanned: each reads and writes
         # its own layer's arrays of the cache in place. (A decode loop should call
