@@ -45,11 +45,11 @@ Credit assignment and losses (see docs/algorithms.md and docs/custom_losses.md):
 
 Models, tokenizers and sampling:
 
-- ``ModelConfig``: a Qwen2-family architecture.
+- ``ModelConfig``: a decoder's shape, numerics and family (Qwen2, Qwen3, Llama 3, Gemma 3).
 - ``preset``: a named ModelConfig (``"tiny"``, ``"qwen2.5-0.5b"``, ...) with overrides.
 - ``CausalLM``: the policy (flax.nnx).
-- ``ValueModel``: the critic (a Qwen2 trunk with a scalar head).
-- ``load_hf_model``: a Qwen2/Qwen2.5 checkpoint from a local Hugging Face directory.
+- ``ValueModel``: the critic (the policy's trunk with a scalar head).
+- ``load_hf_model``: a checkpoint of a registered family from a local Hugging Face directory.
 - ``save_hf_checkpoint``: writes a model back in the Hugging Face format.
 - ``load_tokenizer``: a tokenizer from a local directory (a checkpoint's or a built one).
 - ``build_tokenizer``: trains the built-in byte-level BPE on environment text.

@@ -1,4 +1,5 @@
-"""Qwen2-family models: configuration, the nnx modules and the KV cache.
+"""Models: configuration, the decoder every family shares (``registry.py`` maps each family's
+checkpoints onto it), and the KV cache.
 
 Checkpoints (``agentrl_jax.models.hf_checkpoint``) and tokenizers
 (``agentrl_jax.models.tokenizer``) are imported from their modules, so that importing the model

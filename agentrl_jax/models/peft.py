@@ -13,7 +13,7 @@ and PEFT computes ``lora_B(lora_A(x)) * lora_alpha / r`` (``/ sqrt(r)`` with ``u
     save_peft_adapter(policy, "runs/x/adapter", base_model_name_or_path="Qwen/Qwen2.5-7B")
     policy = load_peft_adapter(load_hf_model(base_dir), "someone/else/adapter")
 
-The merged model (base + adapters, a plain Qwen2 checkpoint for vLLM or transformers) is
+The merged model (base + adapters, a plain checkpoint of its family for vLLM or transformers) is
 ``hf_checkpoint.save_hf_checkpoint(policy, out_dir)``: it merges a LoRA policy itself.
 """
 
