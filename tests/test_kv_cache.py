@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from agentrl_jax.models import KVCache, qwen2
+from agentrl_jax.models import KVCache, decoder
 from agentrl_jax.sampling import Sampler, SamplingParams
 from agentrl_jax.sampling.testing import SMALL, random_policy
 
@@ -97,7 +97,7 @@ def test_a_long_prefill_attends_in_query_chunks_equal_to_one_pass(model, monkeyp
 
     whole = two_turns()
     # 32-token chunks over 64 and then 128 slots go in query chunks of 16 (the smallest).
-    monkeypatch.setattr(qwen2, "_SCORES_PER_CHUNK", 8 * 64)
+    monkeypatch.setattr(decoder, "_SCORES_PER_CHUNK", 8 * 64)
     chunks = []
     lax_map = jax.lax.map
     monkeypatch.setattr(
