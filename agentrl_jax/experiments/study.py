@@ -256,6 +256,14 @@ def _train_cmd(folder: str, *flags: str) -> list[str]:
     ]
 
 
+def _job_place(workdir: str, job: tuple[str, Any]) -> tuple[str, str]:
+    """A job's folder and its name in the log: a seed's SFT start, or a (variant, seed) cell."""
+    kind, key = job
+    if kind == "start":
+        return start_dir(workdir, key), f"SFT start seed-{key}"
+    return cell_dir(workdir, *key), f"{key[0]}/seed-{key[1]}"
+
+
 def _begin_from_start(folder: str, start: str) -> None:
     """A shared cell's run folder begins as a copy of its seed's SFT start (once: a rerun
     resumes the cell's own checkpoints)."""
@@ -361,11 +369,11 @@ def run_study(
             job = next(j for j in queue if ready(j))
             queue.remove(job)
             kind, key = job
+            folder, name = _job_place(workdir, job)
             if kind == "start":
-                folder, name = start_dir(workdir, key), f"SFT start seed-{key}"
                 flags = ("--stop_after=sft",)
             else:
-                folder, name, flags = cell_dir(workdir, *key), f"{key[0]}/seed-{key[1]}", ()
+                flags = ()
                 if key[0] in shared:
                     _begin_from_start(folder, start_dir(workdir, key[1]))
                     flags = ("--allow_config_change",)
@@ -398,10 +406,7 @@ def run_study(
             logf.close()
             del running[job]
             kind, key = job
-            if kind == "start":
-                folder, name = start_dir(workdir, key), f"SFT start seed-{key}"
-            else:
-                folder, name = cell_dir(workdir, *key), f"{key[0]}/seed-{key[1]}"
+            folder, name = _job_place(workdir, job)
             if proc.returncode != 0:
                 failed.append(f"{name} (exit {proc.returncode}; log {folder}/train.log)")
                 log(f"  FAILED {name}: exit status {proc.returncode}; see {folder}/train.log")
