@@ -428,3 +428,29 @@ def test_render_observation_lists_commands():
     obs = Observation(objective="win", text="a room", admissible_commands=("look", "go east"))
     text = render_observation(obs, first=True, show_admissible=True)
     assert text.splitlines() == ["Goal: win", "a room", "Commands: look | go east"]
+
+
+@pytest.mark.parametrize("restate", [False, True])
+def test_restate_goal_opens_every_observation_of_an_episode_with_the_goal(setup, restate):
+    tok, policy, template, sampler = setup
+    cfg = RolloutConfig(
+        group_size=1, max_turns=5, max_new_tokens=6, max_seq_len=512, restate_goal=restate
+    )
+    worker = RolloutWorker(ScriptedPool((3,)), sampler, tok, template, cfg)
+    (traj,) = worker.run([Task("scripted", "train", "a")], jax.random.key(0), expert=True)
+    texts = [tok.decode(s.obs_ids, skip_special_tokens=True) for s in traj.steps]
+    texts.append(tok.decode(traj.final_obs_ids, skip_special_tokens=True))
+    assert "Goal: take the coin" in texts[0]
+    assert ["Goal: take the coin" in t for t in texts[1:]] == [restate] * 3
+    assert all(f"you did step {t}" in text for t, text in enumerate(texts[1:], 1))
+
+
+def test_render_observation_restates_the_goal_after_the_first_turn_only_when_asked():
+    obs = Observation(objective="win", text="a room", feedback="you moved")
+    assert render_observation(obs, first=False, show_admissible=False) == "you moved"
+    again = render_observation(obs, first=False, show_admissible=False, restate=True)
+    assert again.splitlines() == ["Goal: win", "you moved"]
+    # Step mode (goal=False: the header holds it) never restates it.
+    assert render_observation(
+        obs, first=False, show_admissible=False, goal=False, restate=True
+    ) == ("you moved")

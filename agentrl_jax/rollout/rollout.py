@@ -66,6 +66,9 @@ class RolloutConfig:
     history_turns: k, the turns kept in a step-wise context.
     system_prompt: text before the first observation.
     show_admissible: list the admissible commands in each observation.
+    restate_goal: ``episode`` mode: every observation opens with the goal line, not only the
+      first (a small policy then reads the goal a few tokens back, not hundreds; step mode's
+      header already holds it).
     batching: how a call's episodes share the actor pool's slots. ``waves``: as many episodes
       as the pool holds play together, every turn decoded for all of them, then stepped for all
       of them; the next wave starts when the last episode of this one ends. ``continuous``:
@@ -94,6 +97,7 @@ class RolloutConfig:
     history_turns: int = 2
     system_prompt: str = "You are playing a text game. Reply with one command."
     show_admissible: bool = True
+    restate_goal: bool = False
     constrain_actions: bool = False
     batching: str = "waves"
     cohorts: int = 2
@@ -118,16 +122,19 @@ class RolloutConfig:
 
 
 def render_observation(
-    obs: Observation, *, first: bool, show_admissible: bool, goal: bool = True
+    obs: Observation,
+    *,
+    first: bool,
+    show_admissible: bool,
+    goal: bool = True,
+    restate: bool = False,
 ) -> str:
-    """The text the agent reads for one turn (the first states the goal unless ``goal=False``)."""
+    """The text the agent reads for one turn: the first states the goal unless ``goal=False``,
+    and with ``restate`` every later one does too."""
     parts = []
-    if first:
-        if goal:
-            parts.append(goal_line(obs))
-        parts.append(obs.text)
-    else:
-        parts.append(obs.feedback or obs.text)
+    if goal and (first or restate):
+        parts.append(goal_line(obs))
+    parts.append(obs.text if first else obs.feedback or obs.text)
     if obs.inventory:
         parts.append(f"Inventory: {obs.inventory}")
     if show_admissible and obs.admissible_commands:
@@ -156,6 +163,7 @@ class RolloutWorker:
             first=first,
             show_admissible=self.config.show_admissible,
             goal=self.config.context_mode == "episode",  # step mode: the goal is in the header
+            restate=self.config.restate_goal,
         )
         return self.template.turn_ids(self.tokenizer, text, first=first)
 
