@@ -26,8 +26,21 @@ INSTALL_REQUIRES = [
     "etils[epath]>=1.7",  # checkpoint and report paths, local or gs:// (orbax uses it too)
 ]
 
+# Other people's environments (agentrl_jax/envs/adapters/) and the W&B writer (run/writers.py).
+# openenv-core requires gradio (its web UI, which the adapter never imports), and gradio 6.x
+# requires pillow<13: a fresh install resolves pillow 12.x.
+ADAPTERS = [
+    "gymnasium==1.4.0",
+    "openenv-core==0.3.0",
+    "textarena==0.7.4",
+    "wandb==0.31.0",
+    "uvicorn>=0.24.0",  # serves an OpenEnv app (env.kwargs.app, the tests' server)
+]
+
 EXTRAS = {
+    "adapters": ADAPTERS,
     "test": [
+        *ADAPTERS,  # tests/test_adapters.py, tests/test_wandb.py
         "pytest==9.0.3",
         "pytest-timeout>=2.3",
         "pytest-xdist==3.8.0",

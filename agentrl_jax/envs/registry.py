@@ -285,3 +285,18 @@ register(
     eval_split="eval",
     report_split="eval",
 )
+# Other people's environments (envs/adapters/): a level is the env or game id (gymnasium,
+# textarena) or "default" (openenv: one server, one environment); a task is a seed of it.
+for _name, _factory, _tasks in (
+    ("gymnasium", "gymnasium_env:GymnasiumEnv", "gymnasium_tasks"),
+    ("openenv", "openenv_env:OpenEnvEnv", "openenv_tasks"),
+    ("textarena", "textarena_env:TextArenaEnv", "textarena_tasks"),
+):
+    register(
+        _name,
+        f"agentrl_jax.envs.adapters.{_factory}",
+        make_tasks=f"agentrl_jax.envs.adapters.tasks:{_tasks}",
+        splits=(TRAIN_SPLIT, "valid", "test"),
+        eval_split="valid",
+        report_split="test",
+    )

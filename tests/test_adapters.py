@@ -1,0 +1,193 @@
+"""Other people's environments as env families (agentrl_jax/envs/adapters/): a Gymnasium text
+env, an OpenEnv server on 127.0.0.1 and a TextArena game, each played through its real package
+(no mock), refused with the reason where it cannot be translated, and trained, evaluated and
+reported on through ``launch.train`` (tests/adapter_config.py)."""
+
+import json
+import os
+
+import pytest
+import train_cli
+
+from agentrl_jax.envs import registry
+from agentrl_jax.envs.adapters import openenv_env
+from agentrl_jax.rollout.tasks import make_tasks
+from agentrl_jax.run.config import ConfigError, from_config_dict, load_config_file
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(TESTS)
+CONFIG = os.path.join("tests", "adapter_config.py")
+
+
+@pytest.fixture
+def on_path(monkeypatch):
+    """tests/ on sys.path and PYTHONPATH (the actor pool's workers import adapter_envs too)."""
+    monkeypatch.syspath_prepend(TESTS)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+
+
+@pytest.fixture
+def openenv_server(on_path):
+    """The corridor's OpenEnv server (tests/adapter_envs.py:app), started by uvicorn on
+    127.0.0.1 for the test and stopped after it."""
+    url, proc = openenv_env.serve("adapter_envs:app", env=dict(os.environ))
+    yield url
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def _play(env, task, actions):
+    first = env.reset(task)
+    return first, env.reset_info(), [env.step(a) for a in actions]
+
+
+def _doors(seed):
+    import adapter_envs
+
+    return adapter_envs.Corridor(seed).doors
+
+
+# ---------------------------------------------------------------------------- gymnasium
+
+
+def test_gymnasium_text_env_plays_and_refuses_what_is_not_text(on_path):
+    (task,) = make_tasks("gymnasium", "TextCorridor-v0", "valid", 1, {"module": "adapter_envs"})
+    assert task.param("seed") == 1_000_000 and task.split == "valid"
+    env = registry.make_env("gymnasium", module="adapter_envs", max_steps=5)
+    doors = _doors(task.param("seed"))
+    first, info0, steps = _play(env, task, ["go é", "look", f"go {doors[0]}", f"go {doors[1]}"])
+    assert first.objective == "cross 2 rooms to the exit" and "room 0" in first.text
+    assert first.admissible_commands == ("go north", "go east", "go south", "go west", "look")
+    (obs, r, done, info), look, moved, won = steps
+    assert info["invalid_action"] and "action space Text(1, 40" in obs.feedback and not done
+    assert not look[3]["invalid_action"] and look[1] == 0.0
+    assert "room 1" in moved[0].text and not moved[2]
+    assert won[1:3] == (1.0, True) and won[3]["won"] and not won[3]["truncated"]
+    assert len({info0["state_key"], moved[3]["state_key"], won[3]["state_key"]}) == 3
+    # The same seed replays the same episode, state keys included.
+    again = _play(env, task, ["go é", "look", f"go {doors[0]}"])
+    assert [s[3]["state_key"] for s in again[2]] == [s[3]["state_key"] for s in steps[:3]]
+    env.close()
+    with pytest.raises(ValueError, match=r"'CartPole-v1' has observation_space=Box\(.*needs text"):
+        make_tasks("gymnasium", "CartPole-v1", "train", 1, {})
+    with pytest.raises(ValueError, match=r"'NoSuchEnv-v0' is not registered"):
+        make_tasks("gymnasium", "NoSuchEnv-v0", "train", 1, {})
+
+
+def test_gymnasium_truncates_at_max_steps(on_path):
+    (task,) = make_tasks("gymnasium", "TextCorridor-v0", "train", 1, {"module": "adapter_envs"})
+    env = registry.make_env("gymnasium", module="adapter_envs", max_steps=2)
+    _, _, steps = _play(env, task, ["look", "look"])
+    assert not steps[0][2] and steps[1][2] and steps[1][3]["truncated"]
+
+
+# ---------------------------------------------------------------------------- openenv
+
+
+def test_openenv_client_plays_a_server_over_http(openenv_server):
+    (task,) = make_tasks("openenv", "default", "test", 1, {})
+    env = registry.make_env("openenv", url=openenv_server, max_steps=6)
+    doors = _doors(task.param("seed"))
+    first, info0, steps = _play(env, task, ["", "dance", f"go {doors[0]}", f"go {doors[1]}"])
+    assert "room 0" in first.text and first.admissible_commands[-1] == "look"
+    (rejected, r, done, info), dance, moved, won = steps
+    # The server's own validation error (min_length=1) comes back as the feedback.
+    assert info["invalid_action"] and "rejected" in rejected.feedback and not done
+    assert dance[3]["invalid_action"] and not dance[2]  # not among the listed actions
+    assert "room 1" in moved[0].feedback and moved[3]["state_key"] != info0["state_key"]
+    assert won[1:3] == (1.0, True) and won[3]["won"]
+    env.close()
+
+
+def test_openenv_refuses_a_server_without_text_fields():
+    schemas = {
+        "action": {"title": "Move", "properties": {"x": {"type": "number"}}, "required": ["x"]},
+        "observation": {"title": "Obs", "properties": {"board": {"type": "array"}}},
+    }
+    with pytest.raises(ValueError, match=r"action schema 'Move' has 0 required string fields"):
+        openenv_env.text_fields(schemas, "http://h", "", "", "")
+    schemas["action"]["properties"]["cmd"] = {"type": "string"}
+    with pytest.raises(ValueError, match=r"observation schema 'Obs' has no string field"):
+        openenv_env.text_fields(schemas, "http://h", "cmd", "", "")
+    with pytest.raises(ValueError, match=r"action_field='y' is not a string field"):
+        openenv_env.text_fields(schemas, "http://h", "y", "", "")
+    with pytest.raises(ValueError, match="exactly one of env.kwargs.url"):
+        registry.make_env("openenv")
+
+
+# ---------------------------------------------------------------------------- textarena
+
+
+def test_textarena_single_player_game_and_refusal():
+    (task,) = make_tasks("textarena", "GuessTheNumber-v0", "train", 1, {})
+    env = registry.make_env("textarena", max_steps=12)
+    first = env.reset(task)
+    assert "Guess The Number" in first.objective and "[5]" in first.text
+    _, r, done, info = env.step("hello")
+    assert info["invalid_action"] and not done and r == 0.0
+    low, high, steps = 1, 20, 0
+    while True:  # bisection wins within the game's 10 turns
+        guess = (low + high) // 2
+        obs, r, done, info = env.step(str(guess))  # the game's wrapper adds the brackets
+        steps += 1
+        if done:
+            break
+        assert not info["invalid_action"]
+        low, high = (guess + 1, high) if "higher" in obs.feedback else (low, guess - 1)
+    assert info["won"] and r == 1.0 and steps <= 5 and "Congratulations" in obs.feedback
+    with pytest.raises(ValueError, match=r"'TicTacToe-v0' is not single-player"):
+        make_tasks("textarena", "TicTacToe-v0", "train", 1, {})
+    with pytest.raises(ValueError, match=r"'GuessTheNumbr-v0' is not registered"):
+        make_tasks("textarena", "GuessTheNumbr-v0", "train", 1, {})
+
+
+def test_adapter_families_refuse_settings_they_cannot_honour():
+    cd = load_config_file(f"{CONFIG}:textarena")
+    cd.rollout.constrain_actions = True
+    with pytest.raises(ConfigError, match="constrain_actions=True .* lists none"):
+        from_config_dict(cd)
+    with pytest.raises(ValueError, match="has no split 'eval'"):
+        make_tasks("openenv", "default", "eval", 1, {})
+
+
+# ---------------------------------------------------------------------------- launch.train
+
+
+def _train(tmp_path, arg, *extra):
+    workdir = tmp_path / "run"
+    env = dict(
+        JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
+        JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+        JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
+    )
+    cmd = train_cli.train_cmd(workdir, *extra, config=f"{CONFIG}:{arg}")
+    (text,) = train_cli.finish(train_cli.start(cmd, tmp_path / "cache", tmp_path / "log", **env))
+    report = json.loads((workdir / "report.json").read_text())
+    (row,) = report["before_after"]
+    return workdir, text, report, row
+
+
+@pytest.mark.slow
+def test_launch_train_on_a_gymnasium_env(on_path, tmp_path):
+    workdir, text, report, row = _train(tmp_path, "gymnasium")
+    assert "| TextCorridor-v0@test | 1 |" in text
+    assert (row["split"], row["num_tasks"], row["decoding"]) == ("test", 1, "constrained")
+    assert report["evals"]["after_rl"]["TextCorridor-v0"]["split"] == "valid"
+
+
+@pytest.mark.slow
+def test_launch_train_on_an_openenv_server(openenv_server, tmp_path):
+    workdir, text, report, row = _train(
+        tmp_path, "openenv", f"--config.env.kwargs.url={openenv_server}"
+    )
+    assert "| default@test | 1 |" in text and row["split"] == "test"
+    assert json.loads((workdir / "config.json").read_text())["env"]["kwargs"]["url"] == (
+        openenv_server
+    )
+
+
+@pytest.mark.slow
+def test_launch_train_on_a_textarena_game(tmp_path):
+    workdir, text, report, row = _train(tmp_path, "textarena")
+    assert "| GuessTheNumber-v0@test | 1 |" in text
+    assert (row["split"], row["decoding"]) == ("test", "free")
