@@ -33,6 +33,7 @@ ADAPTERS = [
     "gymnasium==1.4.0",
     "openenv-core==0.3.0",
     "textarena==0.7.4",
+    "verifiers==0.4.0",
     "wandb==0.31.0",
     "uvicorn>=0.24.0",  # serves an OpenEnv app (env.kwargs.app, the tests' server)
 ]

@@ -6,10 +6,13 @@ adapted environment, one per argument.
     PYTHONPATH=tests python -m launch.train --config=tests/adapter_config.py:openenv \
         --config.env.kwargs.url=http://127.0.0.1:8000 --workdir=/tmp/openenv
     python -m launch.train --config=tests/adapter_config.py:textarena --workdir=/tmp/ta
+    PYTHONPATH=tests python -m launch.train --config=tests/adapter_config.py:verifiers \
+        --workdir=/tmp/vf
 
 A 1-layer model, 1 RL iteration of 2 x 2 episodes, no SFT (the adapted envs have no expert);
 constrained decoding where the env lists its valid commands (the corridor's, in both the
-gymnasium and the OpenEnv form), free text for TextArena's GuessTheNumber.
+gymnasium and the OpenEnv form), free text for TextArena's GuessTheNumber and the verifiers
+taskset's sums (one reply per episode, scored by the taskset's reward).
 """
 
 import ml_collections
@@ -20,6 +23,7 @@ LEVELS = {
     "gymnasium": "TextCorridor-v0",  # tests/adapter_envs.py registers it
     "openenv": "default",
     "textarena": "GuessTheNumber-v0",
+    "verifiers": "all",  # tests/vf_arith.py, a verifiers taskset
 }
 
 
@@ -29,6 +33,7 @@ def get_config(arg: str = "gymnasium") -> ml_collections.ConfigDict:
         "gymnasium": dict(module="adapter_envs", max_steps=3),
         "openenv": dict(url="", max_steps=3),
         "textarena": dict(max_steps=3),
+        "verifiers": dict(taskset="vf_arith"),
     }[arg]
     level = LEVELS[arg]
     c.env.update(
@@ -48,7 +53,7 @@ def get_config(arg: str = "gymnasium") -> ml_collections.ConfigDict:
         max_new_tokens=6,
         max_seq_len=512 if arg == "textarena" else 256,
         group_size=2,
-        constrain_actions=arg != "textarena",
+        constrain_actions=arg in ("gymnasium", "openenv"),
     )
     c.model.tokenizer_vocab = 300
     c.model.overrides = dict(

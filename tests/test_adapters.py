@@ -1,7 +1,7 @@
 """Other people's environments as env families (agentrl_jax/envs/adapters/): a Gymnasium text
-env, an OpenEnv server on 127.0.0.1 and a TextArena game, each played through its real package
-(no mock), refused with the reason where it cannot be translated, and trained, evaluated and
-reported on through ``launch.train`` (tests/adapter_config.py)."""
+env, an OpenEnv server on 127.0.0.1, a TextArena game and a verifiers taskset, each played through
+its real package (no mock), refused with the reason where it cannot be translated, and trained,
+evaluated and reported on through ``launch.train`` (tests/adapter_config.py)."""
 
 import json
 import os
@@ -141,6 +141,32 @@ def test_textarena_single_player_game_and_refusal():
         make_tasks("textarena", "GuessTheNumbr-v0", "train", 1, {})
 
 
+# ---------------------------------------------------------------------------- verifiers
+
+
+def test_verifiers_taskset_reply_scored_by_its_reward(on_path):
+    kwargs = {"taskset": "vf_arith"}
+    train = make_tasks("verifiers", "all", "train", 50, kwargs)
+    valid = make_tasks("verifiers", "all", "valid", 50, kwargs)
+    test = make_tasks("verifiers", "all", "test", 50, kwargs)
+    # The taskset's 100 tasks, split by a hash of their keys: disjoint, all of them.
+    ids = [{t.id for t in ts} for ts in (train, valid, test)]
+    assert not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    assert len(train) == 50 and 0 < len(valid) < 20 and 0 < len(test) < 20
+    env = registry.make_env("verifiers", **kwargs)
+    first = env.reset(valid[0])
+    a, b = (int(x) for x in first.text.split("What is ")[1].split("?")[0].split(" + "))
+    obs, reward, done, info = env.step(str(a + b))
+    assert (reward, done, info["won"]) == (1.0, True, True) and obs.feedback == "Scored: correct 1."
+    env.reset(valid[0])
+    _, reward, done, info = env.step(str(a + b + 1))
+    assert (reward, done, info["won"]) == (0.0, True, False)
+    with pytest.raises(ValueError, match=r"verifiers taskset 'no_such_taskset' cannot be loaded"):
+        make_tasks("verifiers", "all", "train", 1, {"taskset": "no_such_taskset"})
+    with pytest.raises(ValueError, match=r"has one level, 'all'"):
+        make_tasks("verifiers", "easy", "train", 1, kwargs)
+
+
 def test_adapter_families_refuse_settings_they_cannot_honour():
     cd = load_config_file(f"{CONFIG}:textarena")
     cd.rollout.constrain_actions = True
@@ -191,3 +217,9 @@ def test_launch_train_on_a_textarena_game(tmp_path):
     workdir, text, report, row = _train(tmp_path, "textarena")
     assert "| GuessTheNumber-v0@test | 1 |" in text
     assert (row["split"], row["decoding"]) == ("test", "free")
+
+
+@pytest.mark.slow
+def test_launch_train_on_a_verifiers_taskset(on_path, tmp_path):
+    workdir, text, report, row = _train(tmp_path, "verifiers")
+    assert "| all@test | 1 |" in text and row["split"] == "test"

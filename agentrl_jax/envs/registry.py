@@ -286,16 +286,18 @@ register(
     report_split="eval",
 )
 # Other people's environments (envs/adapters/): a level is the env or game id (gymnasium,
-# textarena) or "default" (openenv: one server, one environment); a task is a seed of it.
+# textarena), "default" (openenv: one server, one environment) or "all" (a verifiers taskset);
+# a task is a seed of it (a task of the taskset, for verifiers).
 for _name, _factory, _tasks in (
-    ("gymnasium", "gymnasium_env:GymnasiumEnv", "gymnasium_tasks"),
-    ("openenv", "openenv_env:OpenEnvEnv", "openenv_tasks"),
-    ("textarena", "textarena_env:TextArenaEnv", "textarena_tasks"),
+    ("gymnasium", "gymnasium_env:GymnasiumEnv", "tasks:gymnasium_tasks"),
+    ("openenv", "openenv_env:OpenEnvEnv", "tasks:openenv_tasks"),
+    ("textarena", "textarena_env:TextArenaEnv", "tasks:textarena_tasks"),
+    ("verifiers", "verifiers_env:VerifiersEnv", "verifiers_env:verifiers_tasks"),
 ):
     register(
         _name,
         f"agentrl_jax.envs.adapters.{_factory}",
-        make_tasks=f"agentrl_jax.envs.adapters.tasks:{_tasks}",
+        make_tasks=f"agentrl_jax.envs.adapters.{_tasks}",
         splits=(TRAIN_SPLIT, "valid", "test"),
         eval_split="valid",
         report_split="test",
