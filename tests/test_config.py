@@ -95,6 +95,16 @@ with open(SNAPSHOT) as _f:
             "rollout_mesh": [],
             # issue #40: a built tokenizer learns from every train task unless told fewer.
             "model.tokenizer_tasks": 0,
+            "rollout.restate_goal": False,  # issue #40: the goal line on every turn, off
+            # issue #43: a Weights & Biases writer beside TensorBoard, off.
+            "logging.wandb.enabled": False,
+            "logging.wandb.project": "agentrl_jax",
+            "logging.wandb.entity": "",
+            "logging.wandb.name": "",
+            "logging.wandb.group": "",
+            "logging.wandb.tags": [],
+            "logging.wandb.mode": "offline",
+            "logging.wandb.run_id": "",
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()

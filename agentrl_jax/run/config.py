@@ -55,6 +55,50 @@ class CheckpointSection:
         checks.integer("config.checkpoint.every", self.every, 1)
 
 
+@dataclasses.dataclass(frozen=True)
+class WandbSection:
+    """``config.logging.wandb``: a Weights & Biases writer beside TensorBoard (run/writers.py)."""
+
+    enabled: bool = False
+    project: str = "agentrl_jax"
+    entity: str = ""  # "" for the account's default
+    name: str = ""  # the run's display name; "" for the workdir's name
+    group: str = ""
+    tags: tuple[str, ...] = ()
+    # "offline" (no network; `wandb sync <workdir>/wandb/offline-run-*` uploads it later),
+    # "online" or "disabled"; WANDB_MODE in the environment overrides it.
+    mode: str = "offline"
+    run_id: str = ""  # "" for one made once per workdir (a resumed run continues it)
+
+    def __post_init__(self):
+        if not isinstance(self.enabled, bool):
+            raise ConfigError(
+                f"config.logging.wandb.enabled is {self.enabled!r}; expected True or False"
+            )
+        modes = ("offline", "online", "disabled")
+        if self.mode not in modes:
+            raise ConfigError(
+                f"config.logging.wandb.mode is {self.mode!r}; expected one of {', '.join(modes)}"
+            )
+        for name in ("project", "entity", "name", "group", "run_id"):
+            if not isinstance(getattr(self, name), str):
+                raise ConfigError(f"config.logging.wandb.{name} must be a string")
+        if not self.project:
+            raise ConfigError("config.logging.wandb.project is empty; expected a project name")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSection:
+    """``config.logging``: the metric writers beside TensorBoard, which always writes."""
+
+    wandb: WandbSection = checks.section_field(WandbSection)
+
+    def __post_init__(self):
+        if not isinstance(self.wandb, WandbSection):  # a dict, or its sorted (key, value) pairs
+            wandb = checks.section(WandbSection, dict(self.wandb), "config.logging.wandb")
+            object.__setattr__(self, "wandb", wandb)
+
+
 # Each section of the config and the dataclass it is frozen into (``curriculum`` is built apart:
 # its ``stages`` default to the env's train levels).
 SECTIONS: dict[str, type] = {
@@ -66,6 +110,7 @@ SECTIONS: dict[str, type] = {
     "rl": RLSection,
     "envrl": EnvrlSection,
     "checkpoint": CheckpointSection,
+    "logging": LoggingSection,
 }
 
 
@@ -88,6 +133,7 @@ class RunConfig:
     rl: RLSection
     envrl: EnvrlSection
     checkpoint: CheckpointSection
+    logging: LoggingSection = dataclasses.field(default_factory=LoggingSection)
     eval_every: int = 0  # RL iterations between held-out evaluations (0: only before and after)
     # Seconds an RL iteration, SFT epoch, evaluation or checkpoint may take before the process
     # ends with an error naming it (0: no limit). A multi-host run otherwise waits forever on a
@@ -238,7 +284,7 @@ def base_config() -> ml_collections.ConfigDict:
     curriculum = _defaults(CurriculumConfig)
     # Empty stages: one stage over config.env.train_levels; empty stage_iterations: None.
     c.curriculum = dict(curriculum, stages=[], stage_iterations=())
-    for name in ("sft", "budget", "rl", "envrl", "checkpoint"):
+    for name in ("sft", "budget", "rl", "envrl", "checkpoint", "logging"):
         c[name] = _defaults(SECTIONS[name])
     return c
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 import collections
 import contextlib
 import functools
+import io
 import os
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -48,8 +50,8 @@ from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run import build, eval_report, evaluation, logs, multihost, paths
 from agentrl_jax.run.config import RunConfig
 from agentrl_jax.run.state import REFERENCE, CheckpointMeta, RunState, restore_latest
-from agentrl_jax.run.tensorboard import SummaryWriter
 from agentrl_jax.run.watchdog import Watchdog
+from agentrl_jax.run.writers import build_writer
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -151,9 +153,8 @@ class Trainer:
         self.checkpointer = build.checkpointer(cfg, self.workdir)
         # A chaos kill (tests only) waits for the checkpoint writes under way.
         chaos.settle_with(self.checkpointer.write_finished)
-        self.writer = SummaryWriter(
-            os.path.join(self.workdir, "tensorboard"), enabled=jax.process_index() == 0
-        )
+        # TensorBoard, and W&B when config.logging.wandb is on (run/writers.py).
+        self.writer = build_writer(cfg, self.workdir, enabled=jax.process_index() == 0)
         self.curriculum = Curriculum(cfg.curriculum)
         self.ref_policy = None
         self.run_state = RunState()
@@ -268,10 +269,33 @@ class Trainer:
             return self.run_state.evals
         if self.run_state.phase == "rl":
             self.run_rl()
+            if self.run_state.phase == "done" and self.config.logging.wandb.enabled:
+                self.log_learning_curve()
         self.checkpointer.wait()
         if self.run_state.phase == "done" and self.config.model.lora.enabled:
             self.export_adapter()
         return self.run_state.evals
+
+    def log_learning_curve(self) -> None:
+        """The run's learning curve (``plot_learning_curve`` of its TensorBoard scalars) as a PNG
+        image to every writer, at the last RL iteration's step: W&B shows it as media (only runs
+        with ``config.logging.wandb`` on draw it, so the default run's files stay as they were)."""
+        if jax.process_index() != 0:
+            return
+        from agentrl_jax.experiments.evaluate import plot_learning_curve  # noqa: PLC0415
+
+        self.writer.flush()
+        with tempfile.TemporaryDirectory() as tmp:
+            png = os.path.join(tmp, "learning_curve.png")
+            plot_learning_curve(os.path.join(self.workdir, "tensorboard"), png)
+            with open(png, "rb") as f:
+                data = f.read()
+        from PIL import Image  # noqa: PLC0415 - matplotlib's own dependency
+
+        with Image.open(io.BytesIO(data)) as image:
+            width, height = image.size
+        self.writer.image_png("learning_curve", data, self.run_state.rl_iteration, height, width)
+        self.writer.flush()
 
     def export_adapter(self) -> str:
         """With LoRA: the trained adapters in PEFT's format, ``WORKDIR/adapter``

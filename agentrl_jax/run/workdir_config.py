@@ -42,6 +42,15 @@ FREE_FIELDS = (
     "checkpoint.keep_best",
     "eval_every",
     "watchdog_s",
+    # Where the metrics also go (Weights & Biases): the same run, written to more places.
+    "logging.wandb.enabled",
+    "logging.wandb.project",
+    "logging.wandb.entity",
+    "logging.wandb.name",
+    "logging.wandb.group",
+    "logging.wandb.tags",
+    "logging.wandb.mode",
+    "logging.wandb.run_id",
 )
 
 
