@@ -99,6 +99,21 @@ def test_openenv_client_plays_a_server_over_http(openenv_server):
     env.close()
 
 
+def test_openenv_env_serves_its_own_app_locally(on_path):
+    """``app=`` instead of ``url=``: the env starts the app with uvicorn on 127.0.0.1 and stops
+    it when it closes."""
+    (task,) = make_tasks("openenv", "default", "train", 1, {})
+    env = registry.make_env("openenv", app="adapter_envs:app")
+    first = env.reset(task)
+    assert env.url.startswith("http://127.0.0.1:") and "room 0" in first.text
+    server = env._server
+    assert env.step("look")[3]["invalid_action"] is False and server.poll() is None
+    env.close()
+    assert server.poll() is not None
+    with pytest.raises(ValueError, match=r"env.kwargs.app='no_such_module:app': expected"):
+        openenv_env.serve("no_such_module:app")
+
+
 def test_openenv_refuses_a_server_without_text_fields():
     schemas = {
         "action": {"title": "Move", "properties": {"x": {"type": "number"}}, "required": ["x"]},
