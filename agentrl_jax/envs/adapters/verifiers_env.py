@@ -83,16 +83,21 @@ class VerifiersEnv(Env):
     def __init__(
         self, taskset: str = "", taskset_args: dict | None = None, win_reward: float = 1.0
     ):
-        self.taskset = load(taskset, taskset_args)
+        # Loaded on the first reset, not here: importing verifiers takes seconds to tens of
+        # seconds on a busy machine, and an actor worker builds its envs before it reports
+        # ready (a reset has its own timeout, and an env that raises there fails one episode).
+        self.taskset_id, self.taskset_args = taskset, dict(taskset_args or {})
         self.win_reward = win_reward
         self._tasks: list[Any] = []
-        self._stream = iter(self.taskset)
+        self._stream = None
 
     @classmethod
     def lists_admissible_commands(cls, **kwargs: Any) -> bool:
         return False  # a reply is free text
 
     def _task(self, idx: int):
+        if self._stream is None:
+            self._stream = iter(load(self.taskset_id, self.taskset_args))
         while len(self._tasks) <= idx:
             self._tasks.append(next(self._stream))
         return self._tasks[idx]
