@@ -2,11 +2,16 @@
 
     env.reset(task) -> Observation
     env.step(action_text) -> (Observation, reward, done, info)
+    env.step(ToolCall(name, arguments)) -> (Observation, reward, done, info)   (tool envs)
 
 ``info`` always carries ``won`` (bool), ``invalid_action`` (bool) and ``state_key`` (an int that is
 equal exactly when the true environment states are equal; GiGPO and GAGPO group steps by it), plus
 ``score``/``max_score`` where the env keeps a score and ``expert_action`` where it has an expert.
 ``env.reset_info()`` gives the same keys for the state right after a reset.
+
+An env that offers function tools (``Env.tool_schemas``) is stepped with a ``ToolCall``: the
+rollout parses the policy's call in its model family's format and checks it against the schemas
+first (``rollout/tool_calls.py``), so the env sees only a well-formed call to one of its tools.
 """
 
 from __future__ import annotations
@@ -56,6 +61,20 @@ class Observation:
     admissible_commands: tuple[str, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ToolCall:
+    """A call of one of an env's function tools, as the rollout parsed it from the policy's text.
+
+    Attributes:
+      name: the tool's name (one of ``Env.tool_schemas``).
+      arguments: the call's arguments, checked against the tool's JSON schema (required ones
+        present, each of its declared type).
+    """
+
+    name: str
+    arguments: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 class Env(abc.ABC):
     """A text environment: one episode at a time, driven by text actions."""
 
@@ -64,8 +83,17 @@ class Env(abc.ABC):
         """Starts ``task`` and returns the first observation."""
 
     @abc.abstractmethod
-    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
-        """Applies one action (any text, even malformed) and returns (obs, reward, done, info)."""
+    def step(self, action: str | ToolCall) -> tuple[Observation, float, bool, dict[str, Any]]:
+        """Applies one action (any text, even malformed; a ``ToolCall`` where the env offers
+        tools) and returns (obs, reward, done, info)."""
+
+    @classmethod
+    def tool_schemas(cls, **kwargs: Any) -> tuple[dict[str, Any], ...]:
+        """The function tools an env built with ``kwargs`` offers, as JSON schemas in the form
+        ``apply_chat_template(tools=...)`` takes (``{"type": "function", "function": {"name",
+        "description", "parameters"}}``). Empty (the default): its actions are text commands.
+        """
+        return ()
 
     @classmethod
     def lists_admissible_commands(cls, **kwargs: Any) -> bool | None:
@@ -125,7 +153,7 @@ class LatencyEnv(Env):
     def reset_info(self) -> dict[str, Any]:
         return self.env.reset_info()
 
-    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+    def step(self, action: str | ToolCall) -> tuple[Observation, float, bool, dict[str, Any]]:
         out = self.env.step(action)
         delay = self.low if self.high == self.low else self._rng.uniform(self.low, self.high)
         time.sleep(delay)

@@ -219,6 +219,17 @@ def lists_admissible_commands(name: str, kwargs: dict[str, Any]) -> bool | None:
     return None
 
 
+def tool_schemas(name: str, kwargs: dict[str, Any]) -> tuple[dict[str, Any], ...]:
+    """The function tools the env registered as ``name``, built with ``kwargs``, offers
+    (``Env.tool_schemas``; empty when its factory is not an ``Env`` class or one of its
+    classmethods, or its actions are text)."""
+    factory = load_factory(name)
+    owner = factory if isinstance(factory, type) else getattr(factory, "__self__", None)
+    if isinstance(owner, type) and issubclass(owner, Env):
+        return tuple(owner.tool_schemas(**split_latency(kwargs)[1]))
+    return ()
+
+
 def _load(path: str, name: str) -> Any:
     """Imports ``"module:attribute"`` (``name``, the env it belongs to, names it in errors)."""
     module_name, _, attr = path.partition(":")

@@ -324,6 +324,8 @@ class Family:
       unroll_layers: a scanned model -> the unrolled one with the same weights.
       lora_slots: ``cfg -> {target: decoder.LoraSlot}`` of one layer.
       lora_modules: target -> (HF module, projection) for PEFT's tensor names.
+      tool_format: how its instruction-tuned checkpoints write a tool call (a format of
+        ``rollout/tool_calls.py``; "" where the family has none).
     """
 
     model_type: str
@@ -338,3 +340,4 @@ class Family:
     lora_modules: Mapping[str, tuple[str, str]] = dataclasses.field(
         default_factory=lambda: dict(LLAMA_LORA_MODULES)
     )
+    tool_format: str = ""

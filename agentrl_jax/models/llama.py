@@ -62,4 +62,5 @@ FAMILY = Family(
     architectures=("LlamaForCausalLM",),
     config_from_hf=config_from_hf,
     config_to_hf=config_to_hf,
+    tool_format="llama3_json",
 )

@@ -57,4 +57,5 @@ FAMILY = Family(
     architectures=("Qwen2ForCausalLM",),
     config_from_hf=config_from_hf,
     config_to_hf=config_to_hf,
+    tool_format="qwen",
 )

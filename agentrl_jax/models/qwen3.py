@@ -61,4 +61,5 @@ FAMILY = Family(
     architectures=("Qwen3ForCausalLM",),
     config_from_hf=config_from_hf,
     config_to_hf=config_to_hf,
+    tool_format="qwen",
 )

@@ -35,6 +35,7 @@ from agentrl_jax.rollout.chat_template import (
     ChatTemplate,
     TokenizerLike,
 )
+from agentrl_jax.rollout.tool_calls import ToolCalling
 
 TEMPLATES = {
     "qwen": ChatTemplate(
@@ -63,6 +64,7 @@ def get_template(
     directory: str = "",
     system_prompt: str = "",
     actions_think: bool = True,
+    tools: ToolCalling | None = None,
 ) -> ChatTemplate:
     """The chat template called ``name``: a fixed one, or ``"checkpoint"``, read and checked.
 
@@ -89,7 +91,17 @@ def get_template(
                 "config.model.tokenizer)"
             )
         return chat_checkpoint.checkpoint_template(
-            directory, tokenizer, system_prompt=system_prompt, actions_think=actions_think
+            directory,
+            tokenizer,
+            system_prompt=system_prompt,
+            actions_think=actions_think,
+            tools=tools,
+        )
+    if tools is not None:
+        raise ValueError(
+            f"chat template {name!r} cannot render tools: tool calling renders the env's tools "
+            "and the tool turns with the checkpoint's own template (config.model.template="
+            "'checkpoint')"
         )
     if name not in TEMPLATES:
         valid = sorted((*TEMPLATES, CHECKPOINT))

@@ -43,6 +43,16 @@ where the two differ. Refused:
   expert's) stripped, as the template renders it, so there such a template is exact;
 - pieces whose token ids differ from the whole conversation's at a boundary, e.g. a generation
   prompt ending in a space that the whole text's encoding merges into the action's first word.
+
+Tool calling (``checkpoint_template(..., tools=ToolCalling(...))``): the template is rendered with
+``apply_chat_template(tools=...)``. :func:`derive_tool_template` finds where the tools go (the
+system piece, as Qwen's templates put them, or the first user turn, as Llama 3.1's does), how a
+call in the policy's format closes, and the text around a ``tool`` result (verbatim, trimmed, or
+a JSON string as Llama 3.1's ``tojson`` writes it). :func:`check_tool_turns_stable` then checks a
+conversation of 10 calls and 10 tool results, fed piece by piece, against the whole rendered at
+once, as text and id for id. In such a conversation every turn after the first user message is a
+tool turn, so Qwen3's template keeps every think block (it drops only those before the last user
+query); the calls are each format's ``render`` of them, as the template writes ``tool_calls``.
 """
 
 from __future__ import annotations
@@ -53,6 +63,7 @@ import pathlib
 from collections.abc import Sequence
 
 from agentrl_jax.rollout.chat_template import ChatTemplate
+from agentrl_jax.rollout.tool_calls import ToolCall, ToolCalling, assistant_message
 
 CHECKPOINT = "checkpoint"  # the name of the template a checkpoint's own becomes
 
@@ -62,6 +73,8 @@ JSON_FILES = ("tokenizer_config.json", "chat_template.json")
 
 # Sentinel contents: single words no template trims, escapes or splits.
 _SYSTEM, _USER1, _ACTION1, _USER2 = "SYSTEMxQ7", "USERxQ7a", "ACTIONxQ7", "USERxQ7b"
+_TOOL = "TOOLxQ7"
+_TOOL_WIDE = ' TOOLxQ7 "quoted"\n\ttab \\ end\n'  # how a template writes a result
 _PAD = " \n"  # whitespace around a sentinel, to see whether the template strips content
 
 # The conversation the check renders: env-like observations (newlines, runs of spaces, digits,
@@ -280,18 +293,271 @@ def check_prefix_stable(
             texts.append((f"action {k + 1}", actions[k] + template.stop_token))
             ids.append((f"action {k + 1}", _encode(tokenizer, actions[k]) + [stop_id]))
 
-    whole = _render(tokenizer, source, messages, generation_prompt=True)
+    _compare_pieces(
+        tokenizer,
+        source,
+        messages,
+        texts,
+        ids,
+        unstable=(
+            f"a conversation of {len(actions)} turns rendered whole by apply_chat_template "
+            "differs from its turns rendered one at a time"
+        ),
+        why=(
+            "The template renders an earlier turn differently once later turns follow (Qwen3's, "
+            "e.g., drops the <think> block of assistant turns before the last user message), so "
+            "the context a rollout keeps across turns is not what the template renders."
+        ),
+    )
+
+
+def derive_tool_template(
+    tokenizer, source: TemplateSource, base: ChatTemplate, tools: ToolCalling
+) -> ChatTemplate:
+    """``base`` (:func:`derive_template`) with the tools rendered in and the tool turn's pieces.
+
+    Renders, with ``apply_chat_template(tools=tools.tools)``: the system prompt and a first user
+    message (where the tools land: the system piece, or the first user turn's opening), then a
+    call in ``tools.format`` and a ``tool`` result (the text around the result, and how the
+    template writes it: verbatim, trimmed, or as a JSON string).
+
+    Raises:
+      ChatTemplateError: the template puts the tools elsewhere, renders the call otherwise than
+        the format writes it, or changes a result other than those ways.
+    """
+    schemas = tools.tools
+    system = {"role": "system", "content": _SYSTEM}
+    first = [system, _user(_USER1)]
+    b = _render(tokenizer, source, first, generation_prompt=True, tools=schemas)
+    system_prefix, rest = _split_once(source, b, _SYSTEM, "[system, user] with tools")
+    middle, user_suffix = _split_once(source, rest, _USER1, "[system, user] with tools")
+    if user_suffix != base.user_suffix:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: with tools, the first user turn ends with "
+            f"{user_suffix!r}; without, {base.user_suffix!r}; expected the same generation prompt"
+        )
+    if middle.endswith(base.user_prefix):  # the tools are in the system piece (Qwen's)
+        system_suffix, first_user_prefix = middle[: -len(base.user_prefix)], None
+    elif middle.startswith(base.system_suffix):  # in the first user turn (Llama 3.1's)
+        system_suffix = base.system_suffix
+        first_user_prefix = middle[len(base.system_suffix) :]
+    else:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: with tools, the text between the system prompt and "
+            f"the first user message is {middle[:80]!r}..., which neither ends with the user "
+            f"turn's opening {base.user_prefix!r} nor starts with the system piece's end "
+            f"{base.system_suffix!r}: the tools are rendered where the pieces cannot hold them"
+        )
+    call = _probe_calls(schemas, 1)[0]
+    action = tools.render(call)
+    fed = b + action + base.stop_token
+
+    def tail(content: str) -> str:
+        messages = [*first, assistant_message(call), {"role": "tool", "content": content}]
+        whole = _render(tokenizer, source, messages, generation_prompt=True, tools=schemas)
+        if not whole.startswith(fed):
+            raise _unstable(
+                source,
+                f"a call written in the {tools.format.name!r} format is not how the template "
+                "renders the assistant turn's tool_calls, or the template changes earlier text "
+                "once a tool result follows",
+                fed,
+                whole,
+            )
+        return whole[len(fed) :]
+
+    bare, wide = tail(_TOOL), tail(_TOOL_WIDE)
+    writes = {
+        "verbatim": lambda c: c,
+        "strip": lambda c: c.strip(),
+        "json": lambda c: json.dumps(c, ensure_ascii=False),
+    }
+    for mode, write in writes.items():
+        if bare.count(write(_TOOL)) != 1:
+            continue
+        tool_prefix, tool_suffix = bare.split(write(_TOOL))
+        if wide == tool_prefix + write(_TOOL_WIDE) + tool_suffix:
+            return dataclasses.replace(
+                base,
+                system_prefix=system_prefix,
+                system_suffix=system_suffix,
+                first_user_prefix=first_user_prefix,
+                tool_prefix=tool_prefix,
+                tool_suffix=tool_suffix,
+                tool_content=mode,
+            )
+    raise ChatTemplateError(
+        f"chat template {source.origin} writes a tool result other than verbatim, trimmed or as "
+        f"a JSON string: {_TOOL_WIDE!r} renders as {wide!r} (with {_TOOL!r}: {bare!r}); the "
+        "pieces cannot hold arbitrary results"
+    )
+
+
+def check_tool_turns_stable(
+    template: ChatTemplate,
+    tokenizer,
+    source: TemplateSource,
+    tools: ToolCalling,
+    *,
+    system_prompt: str,
+    first_observation: str = OBSERVATIONS[0],
+    calls: Sequence[ToolCall] | None = None,
+    results: Sequence[str] = OBSERVATIONS[1:],
+) -> None:
+    """Checks that a tool-calling conversation fed piece by piece is what ``apply_chat_template
+    (tools=...)`` renders whole, as text and id for id.
+
+    The conversation: the system prompt (with the tools), the first observation as the user
+    message, then per turn a call (``tools.render``, closed by the stop id) and its ``tool``
+    result, then the generation prompt. The pieces are what the rollout feeds:
+    ``template.system_ids``, ``template.turn_ids(first=True)``, each call's ids, and
+    ``template.tool_ids`` of each result.
+
+    Args:
+      template: the tool template (:func:`derive_tool_template`).
+      tokenizer, source: the checkpoint's tokenizer and template.
+      tools: the run's tools and call format.
+      system_prompt: the run's system prompt.
+      first_observation: the user message.
+      calls: the calls (default: ``len(results)`` calls of the tools, in turn, with arguments
+        of each declared type: strings with newlines, quotes and unicode, numbers).
+      results: the tool results, one per call.
+
+    Raises:
+      ChatTemplateError: the text or the ids differ (the first position, its piece, both sides).
+    """
+    calls = list(calls) if calls is not None else _probe_calls(tools.tools, len(results))
+    if len(calls) != len(results):
+        raise ValueError(f"{len(calls)} calls need {len(calls)} results; got {len(results)}")
+    messages = [{"role": "system", "content": system_prompt}, _user(first_observation)]
+    texts = [
+        ("the system piece", template.system_text(system_prompt)),
+        ("user turn 1", template.turn_text(first_observation, first=True)),
+    ]
+    ids = [
+        ("the system piece", template.system_ids(tokenizer, system_prompt)),
+        ("user turn 1", template.turn_ids(tokenizer, first_observation, first=True)),
+    ]
+    stop_id = template.stop_id(tokenizer)
+    for k, (call, result) in enumerate(zip(calls, results, strict=True)):
+        action = tools.render(call)
+        messages += [assistant_message(call), {"role": "tool", "content": result}]
+        texts += [
+            (f"call {k + 1}", action + template.stop_token),
+            (f"tool turn {k + 1}", template.tool_text(result)),
+        ]
+        ids += [
+            (f"call {k + 1}", _encode(tokenizer, action) + [stop_id]),
+            (f"tool turn {k + 1}", template.tool_ids(tokenizer, result)),
+        ]
+    _compare_pieces(
+        tokenizer,
+        source,
+        messages,
+        texts,
+        ids,
+        tools=tools.tools,
+        unstable=(
+            f"a conversation of {len(calls)} tool calls and results rendered whole by "
+            "apply_chat_template(tools=...) differs from its turns rendered one at a time"
+        ),
+        why=(
+            "The template renders an earlier call or tool result differently once later turns "
+            "follow, so the context a rollout keeps across turns is not what it renders."
+        ),
+    )
+
+
+def checkpoint_template(
+    directory: str | pathlib.Path,
+    tokenizer,
+    *,
+    system_prompt: str,
+    actions_think: bool = True,
+    tools: ToolCalling | None = None,
+) -> ChatTemplate:
+    """The chat template of a checkpoint directory, cut into pieces and checked (run start).
+
+    ``actions_think``: free decoding, the policy may write think blocks and whitespace around an
+    action, so the check's actions include a think block and a template that trims actions is
+    refused; False (constrained decoding: only admissible commands) checks ``PLAIN_ACTIONS``.
+
+    ``tools``: tool calling; the template is derived with the tools rendered in and tool turns
+    (:func:`derive_tool_template`) and checked on a tool-calling conversation
+    (:func:`check_tool_turns_stable`): every action is then a call, rendered by the template
+    from its ``tool_calls`` (never trimmed), so ``actions_think`` does not apply.
+
+    Raises:
+      FileNotFoundError: no such directory.
+      ChatTemplateError: no template, or one refused (module docstring).
+    """
+    source = read_chat_template(directory)
+    template = derive_template(tokenizer, source)
+    if tools is not None:
+        template = derive_tool_template(tokenizer, source, template, tools)
+        check_tool_turns_stable(template, tokenizer, source, tools, system_prompt=system_prompt)
+        return template
+    if actions_think and template.strip_actions:
+        raise ChatTemplateError(
+            f"chat template {source.origin} strips the whitespace around assistant content "
+            "(Llama 3's | trim): under free decoding an action the policy writes with whitespace "
+            'at either end ("go north\\n") stays in the rollout\'s context as sampled but is '
+            "rendered trimmed, so the context is not the template's conversation. Use "
+            "constrained decoding (config.rollout.constrain_actions=True), which feeds the "
+            "admissible commands stripped as the template renders them, or a template that "
+            "keeps assistant content verbatim: config.model.template='qwen' or 'plain', or a "
+            "chat_template.jinja of your own beside the checkpoint's tokenizer"
+        )
+    actions = ACTIONS if actions_think else PLAIN_ACTIONS
+    check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt, actions=actions)
+    return template
+
+
+# Argument values of each JSON type for the probe's calls: text as an agent writes it.
+_PROBE_VALUES = {
+    "string": (
+        "src/pkg/core.py",
+        'grep -rn "def insert" src/ | head -5\necho done',
+        "    return a <= b\n",
+        "Ünïcödé ∑ ≥ 😀 — “quoted” \\ backslash\ttab",
+    ),
+    "integer": (0, 12, 7, 240),
+    "number": (1.5, 0, -2.25, 10),
+    "boolean": (True, False, True, False),
+    "array": (["a", 1], [], ["x"], [True]),
+    "object": ({"k": "v"}, {}, {"n": 2}, {"a": [1]}),
+}
+
+
+def _probe_calls(tools: Sequence[dict], count: int) -> list[ToolCall]:
+    """``count`` calls of ``tools`` in turn, every declared argument given a value of its type."""
+    calls = []
+    for k in range(count):
+        fn = tools[k % len(tools)].get("function", tools[k % len(tools)])
+        props = (fn.get("parameters") or {}).get("properties", {})
+        arguments = {}
+        for j, (name, schema) in enumerate(props.items()):
+            kind = schema.get("type", "string")
+            kind = kind[0] if isinstance(kind, list) else kind
+            values = schema.get("enum") or _PROBE_VALUES.get(kind, _PROBE_VALUES["string"])
+            arguments[name] = values[(k + j) % len(values)]
+        calls.append(ToolCall(fn["name"], arguments))
+    return calls
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _compare_pieces(tokenizer, source, messages, texts, ids, *, unstable, why, tools=None):
+    """Raises ChatTemplateError where the pieces (``texts``, ``ids``: (label, piece) pairs) are
+    not ``messages`` rendered whole (with the generation prompt), as text, then id for id."""
+    whole = _render(tokenizer, source, messages, generation_prompt=True, tools=tools)
     pieces = "".join(text for _, text in texts)
     if pieces != whole:
         at = _first_difference(pieces, whole)
         raise ChatTemplateError(
-            f"chat template {source.origin} is not prefix-stable: a conversation of "
-            f"{len(actions)} turns rendered whole by apply_chat_template differs from its turns "
-            f"rendered one at a time, first at character {at} (in {_piece_at(texts, at)}): "
-            f"{_show(pieces, whole, at)}. The template renders an earlier turn differently once "
-            "later turns follow (Qwen3's, e.g., drops the <think> block of assistant turns before "
-            "the last user message), so the context a rollout keeps across turns is not what the "
-            f"template renders. {_FIXES}"
+            f"chat template {source.origin} is not prefix-stable: {unstable}, first at character "
+            f"{at} (in {_piece_at(texts, at)}): {_show(pieces, whole, at)}. {why} {_FIXES}"
         )
     whole_ids = list(
         tokenizer.apply_chat_template(
@@ -300,6 +566,7 @@ def check_prefix_stable(
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,
+            tools=list(tools) if tools else None,
         )
     )
     piece_ids = [i for _, part in ids for i in part]
@@ -321,40 +588,6 @@ def check_prefix_stable(
         )
 
 
-def checkpoint_template(
-    directory: str | pathlib.Path, tokenizer, *, system_prompt: str, actions_think: bool = True
-) -> ChatTemplate:
-    """The chat template of a checkpoint directory, cut into pieces and checked (run start).
-
-    ``actions_think``: free decoding, the policy may write think blocks and whitespace around an
-    action, so the check's actions include a think block and a template that trims actions is
-    refused; False (constrained decoding: only admissible commands) checks ``PLAIN_ACTIONS``.
-
-    Raises:
-      FileNotFoundError: no such directory.
-      ChatTemplateError: no template, or one refused (module docstring).
-    """
-    source = read_chat_template(directory)
-    template = derive_template(tokenizer, source)
-    if actions_think and template.strip_actions:
-        raise ChatTemplateError(
-            f"chat template {source.origin} strips the whitespace around assistant content "
-            "(Llama 3's | trim): under free decoding an action the policy writes with whitespace "
-            'at either end ("go north\\n") stays in the rollout\'s context as sampled but is '
-            "rendered trimmed, so the context is not the template's conversation. Use "
-            "constrained decoding (config.rollout.constrain_actions=True), which feeds the "
-            "admissible commands stripped as the template renders them, or a template that "
-            "keeps assistant content verbatim: config.model.template='qwen' or 'plain', or a "
-            "chat_template.jinja of your own beside the checkpoint's tokenizer"
-        )
-    actions = ACTIONS if actions_think else PLAIN_ACTIONS
-    check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt, actions=actions)
-    return template
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
 def _user(content: str) -> dict[str, str]:
     return {"role": "user", "content": content}
 
@@ -367,13 +600,16 @@ def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def _render(tokenizer, source: TemplateSource, messages, generation_prompt: bool) -> str:
+def _render(
+    tokenizer, source: TemplateSource, messages, generation_prompt: bool, tools=None
+) -> str:
     try:
         return tokenizer.apply_chat_template(
             messages,
             chat_template=source.text,
             add_generation_prompt=generation_prompt,
             tokenize=False,
+            tools=list(tools) if tools else None,
         )
     except Exception as e:  # A template is user code: any failure names it and the conversation.
         roles = [m["role"] for m in messages]

@@ -28,6 +28,14 @@ Context modes:
   observation that does not fit even alone with the header (and the action budget) ends the
   episode there, marked ``truncated``, as in ``episode`` mode; one at the reset leaves an
   episode of no step (counted in ``rollout/truncated``, never trained on).
+
+Tool calling (``RolloutWorker(..., tools=ToolCalling(...))``, an env that offers function tools):
+the template renders the tools in its system turn, each action is parsed as a call in the
+policy's format and checked against the tools' schemas (``rollout/tool_calls.py``), the env is
+stepped with the ``ToolCall``, and its answer is fed as a ``tool`` turn (``ChatTemplate.tool_ids``)
+instead of a user turn. A malformed call never reaches the env: the actor answers it itself with
+a tool turn that names the problem (``invalid_tool_call`` in the step's info, the env's state
+unchanged), and the episode goes on.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from agentrl_jax import chaos, timing
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.rollout.chat_template import ChatTemplate
+from agentrl_jax.rollout.tool_calls import ToolCall, ToolCallError, ToolCalling
 from agentrl_jax.rollout.trajectory import Step, Trajectory
 from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.sampling.logits import as_typed_key, fold_in
@@ -147,14 +156,39 @@ def goal_line(obs: Observation) -> str:
 
 
 class RolloutWorker:
-    """Runs episodes of a batch of tasks with a sampler and an actor pool."""
+    """Runs episodes of a batch of tasks with a sampler and an actor pool.
 
-    def __init__(self, pool, sampler, tokenizer, template: ChatTemplate, config: RolloutConfig):
+    ``tools``: tool calling (module docstring): the env's tools and the policy's call format;
+    the template must be the checkpoint's, derived with the same tools (``get_template(...,
+    tools=tools)``), so that it renders them and the tool turns.
+    """
+
+    def __init__(
+        self,
+        pool,
+        sampler,
+        tokenizer,
+        template: ChatTemplate,
+        config: RolloutConfig,
+        tools: ToolCalling | None = None,
+    ):
+        if tools is not None and not template.has_tools:
+            raise ValueError(
+                f"tool calling needs a chat template with tool turns; {template.name!r} has none "
+                "(get_template('checkpoint', ..., tools=...) derives one from the checkpoint's "
+                "own template)"
+            )
+        if tools is not None and config.constrain_actions:
+            raise ValueError(
+                "rollout.constrain_actions writes admissible commands; an env that offers "
+                "function tools is played with tool calls: expected constrain_actions=False"
+            )
         self.pool = pool
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.template = template
         self.config = config
+        self.tools = tools
         self.system_ids = template.system_ids(tokenizer, config.system_prompt)
 
     def _obs_ids(self, obs: Observation, first: bool) -> list[int]:
@@ -165,7 +199,34 @@ class RolloutWorker:
             goal=self.config.context_mode == "episode",  # step mode: the goal is in the header
             restate=self.config.restate_goal,
         )
+        if self.tools is not None and not first:  # the env's answer to a call: a tool turn
+            return self.template.tool_ids(self.tokenizer, text)
         return self.template.turn_ids(self.tokenizer, text, first=first)
+
+    def _call(self, ep: Episode, text: str) -> str | ToolCall | StepResult:
+        """What the env is stepped with for an action ``text``: the text itself; under tool
+        calling the parsed ``ToolCall``, or, for a malformed call, the answer the env would
+        have nothing to add to: a tool turn naming the problem, the state unchanged."""
+        if self.tools is None:
+            return text
+        step = ep.traj.steps[-1]
+        try:
+            call = self.tools.parse(text)
+        except ToolCallError as e:
+            step.info["invalid_tool_call"] = True
+            error = f"Error: invalid tool call: {e}"
+            obs = Observation(objective=ep.obs.objective, text=error, feedback=error)
+            info = {
+                "won": False,
+                "invalid_action": True,
+                "invalid_tool_call": True,
+                "state_key": step.state_key,
+            }
+            if ep.info.get("expert_action") is not None:
+                info["expert_action"] = ep.info["expert_action"]
+            return StepResult(obs, info=info)
+        step.info["invalid_tool_call"] = False
+        return call
 
     def _header_ids(self, obs: Observation) -> list[int]:
         """Step mode: the system prompt and the episode's goal, the start of every context."""
@@ -439,8 +500,9 @@ class Actor(Protocol):
     def start(self, ep: Episode) -> None:
         """After the episode's reset (``ep.obs`` and ``ep.info`` are set)."""
 
-    def act(self, turn: int, episodes: list[Episode]) -> list[str | None]:
-        """One command per episode of the wave (None: the episode is not stepped)."""
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | ToolCall | None]:
+        """One command per episode of the wave (None: the episode is not stepped; a
+        ``StepResult``: the actor answered it itself, and the env is not stepped)."""
 
     def observe(self, ep: Episode, result: StepResult) -> None:
         """After a step the pool answered (not called for an episode the pool lost)."""
@@ -464,8 +526,13 @@ def play_wave(pool, episodes: list[Episode], max_turns: int, actor: Actor) -> li
         actions = actor.act(turn, episodes)
         if all(a is None for a in actions):
             break
+        answered = {i: a for i, a in enumerate(actions) if isinstance(a, StepResult)}
+        if answered:  # a malformed tool call, answered by the actor: the env is not stepped
+            actions = [None if i in answered else a for i, a in enumerate(actions)]
         with timing.phase("env"):
-            results = pool.step(actions)
+            results = pool.step(actions) if any(a is not None for a in actions) else actions
+        if answered:
+            results = [answered.get(i, res) for i, res in enumerate(results)]
         for ep, res in zip(episodes, results, strict=True):
             if res is None:
                 continue
@@ -522,6 +589,7 @@ def play_stream(
     # share their first prefill: their reset answers wait here until the whole group is in.
     started: dict[int, list[tuple[int, int]]] = {}  # id(group) -> its (cohort, row)s reset
     group_of: dict[int, list[Episode]] = {}  # id(episode) -> its group
+    answered: dict[int, StepResult] = {}  # slot -> the actor's own answer (a malformed call)
 
     def admit(c: int) -> None:
         while queue:
@@ -571,6 +639,9 @@ def play_stream(
             for r in sorted(ready[c]):
                 if actions[r] is None:  # the actor ended it (its context is full)
                     free(c, r)
+                elif isinstance(actions[r], StepResult):
+                    answered[c * size + r] = actions[r]
+                    kinds[c * size + r] = "answered"
                 else:
                     items[c * size + r] = actions[r]
             ready[c].clear()
@@ -584,6 +655,8 @@ def play_stream(
             raise RuntimeError("play_stream: episodes wait, but no op is in flight")
         with timing.phase("env"):
             answers = pool.poll(timeout=0.0 if decoded else None)
+        answers.update(answered)
+        answered.clear()
         for slot, res in sorted(answers.items()):
             c, r = divmod(slot, size)
             ep, kind = rows[c][r], kinds.pop(slot)
@@ -645,9 +718,10 @@ class _WaveActor:
         ids = (w.system_ids if ep.turn == 0 else []) + ep.pending_ids
         return None if ep.used + len(ids) + action > cfg.max_seq_len else ids
 
-    def act(self, turn: int | None, episodes: list[Episode]) -> list[str | None]:
+    def act(self, turn: int | None, episodes: list[Episode]) -> list[str | ToolCall | None]:
         """One command per row of ``episodes`` (None for a row that is not live); each live
-        episode plays its own next turn (``ep.turn``)."""
+        episode plays its own next turn (``ep.turn``). Under tool calling a ``ToolCall``, or the
+        ``StepResult`` that answers a malformed call without the env."""
         cfg, w = self.config, self.worker
         second = any(ep.live and ep.turn == 1 for ep in episodes)
         if second and not self.expert and not (self.sampling or w.sampler.sampling).greedy:
@@ -717,7 +791,7 @@ class _WaveActor:
             ep.turn += 1
             if cfg.context_mode == "step":
                 ep.history.append(ep.pending_ids + actions_ids[i])
-            actions.append(decode_text(w.tokenizer, actions_ids[i]))
+            actions.append(w._call(ep, decode_text(w.tokenizer, actions_ids[i])))
         return actions
 
     def observe(self, ep: Episode, res: StepResult) -> None:
@@ -750,5 +824,5 @@ def _empty_step(info) -> Step:
 
 
 def _step_info(info) -> dict:
-    keys = ("won", "invalid_action", "score", "max_score", "task_type")
+    keys = ("won", "invalid_action", "invalid_tool_call", "score", "max_score", "task_type")
     return {k: info[k] for k in keys if k in info}

@@ -61,6 +61,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     ended before their first action (no step: ``rollout/truncated``, nothing to train on).
     ``rollout/singleton_groups`` counts the groups that failures left with one episode: a group
     estimator (GRPO, RLOO, GiGPO, GAGPO) gives such an episode advantage 0, so it trains nothing.
+    Under tool calling, ``rollout/invalid_tool_call_rate`` is the share of the counted episodes'
+    calls that were malformed (answered with an error tool turn; absent without tool calling).
     """
     counted = [t for t in trajs if not t.infra_failure]
     good = [t for t in counted if t.steps]
@@ -81,6 +83,14 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
                 "rollout/tokens_per_episode": float(np.mean([t.num_tokens for t in counted])),
             }
         )
+    calls = [
+        s.info["invalid_tool_call"]
+        for t in counted
+        for s in t.steps
+        if "invalid_tool_call" in s.info
+    ]
+    if calls:
+        out["rollout/invalid_tool_call_rate"] = float(np.mean(calls))
     return out
 
 

@@ -1,6 +1,12 @@
-"""The action text format the model writes, its parser, the file editor and output truncation.
+"""The actions the model takes, its two formats, the file editor and output truncation.
 
-Each turn the model writes one fenced block; the word after the opening fence names the tool::
+Two formats (``SweEnv(action_format=...)``): function tools (``"tools"``), declared as JSON
+schemas (``TOOL_SCHEMAS``) that the checkpoint's chat template renders and that the policy calls
+in its own format (the rollout parses and checks a call; ``from_call`` makes it an ``Action``),
+or fenced blocks (``"fenced"``, the default) that ``parse_action`` reads.
+
+Fenced: each turn the model writes one fenced block; the word after the opening fence names the
+tool::
 
     ```bash
     grep -rn "def insert" src/
@@ -41,6 +47,9 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+from typing import Any
+
+from agentrl_jax.envs.base import ToolCall
 
 TOOLS = ("bash", "view", "create", "str_replace", "insert", "undo", "submit")
 _FENCE = re.compile(r"```([A-Za-z_]+)([^\n]*)\n(.*?)^```", re.S | re.M)
@@ -77,11 +86,120 @@ class ActionError(ValueError):
 
 @dataclasses.dataclass(frozen=True)
 class Action:
-    """A parsed action: ``tool``, its ``args`` (from the fence line) and the block ``body``."""
+    """A parsed action: ``tool``, its ``args`` (from the fence line) and the block ``body``;
+    ``replace``: a str_replace's (old, new) text as a tool call gives it (the fenced format
+    writes them in the body)."""
 
     tool: str
     args: tuple[str, ...] = ()
     body: str = ""
+    replace: tuple[str, str] | None = None
+
+
+def _tool(name: str, description: str, properties: dict[str, Any], required=()) -> dict:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(required),
+                "additionalProperties": False,
+            },
+        },
+    }
+
+
+_PATH = {"type": "string", "description": "a path relative to the repository root"}
+
+# The tools as function schemas (apply_chat_template(tools=...)): the same actions as the fenced
+# blocks, one schema each.
+TOOL_SCHEMAS = (
+    _tool(
+        "bash",
+        "Run a shell command in a fresh shell at the repository root; returns its output and "
+        "exit code.",
+        {"command": {"type": "string", "description": "the command"}},
+        ["command"],
+    ),
+    _tool(
+        "view",
+        "Show a file with line numbers (lines start..end when given), or list a directory.",
+        {
+            "path": _PATH,
+            "start": {"type": "integer", "description": "first line shown (with end)"},
+            "end": {"type": "integer", "description": "last line shown (with start)"},
+        },
+        ["path"],
+    ),
+    _tool(
+        "create",
+        "Create a new file with the given content.",
+        {"path": _PATH, "content": {"type": "string", "description": "the whole file"}},
+        ["path", "content"],
+    ),
+    _tool(
+        "str_replace",
+        "Replace old_str, which must occur exactly once in the file, with new_str.",
+        {
+            "path": _PATH,
+            "old_str": {"type": "string", "description": "the exact text to replace"},
+            "new_str": {"type": "string", "description": "the text it becomes"},
+        },
+        ["path", "old_str", "new_str"],
+    ),
+    _tool(
+        "insert",
+        "Insert text after line `line` of the file (0 inserts at the top).",
+        {
+            "path": _PATH,
+            "line": {"type": "integer", "description": "the line after which to insert"},
+            "text": {"type": "string", "description": "the lines inserted"},
+        },
+        ["path", "line", "text"],
+    ),
+    _tool("undo", "Undo the last edit of a file.", {"path": _PATH}, ["path"]),
+    _tool("submit", "Submit the repository's current diff as the fix; ends the episode.", {}),
+)
+assert tuple(t["function"]["name"] for t in TOOL_SCHEMAS) == TOOLS
+
+TOOLS_HELP = (
+    "Use the tools to explore the repository, edit the code and run commands; call submit "
+    "when the issue is resolved."
+)
+
+
+def from_call(call: ToolCall) -> Action:
+    """The action of a tool call (already checked against ``TOOL_SCHEMAS`` by the rollout).
+
+    Raises:
+      ActionError: what the schemas cannot say: an unknown tool (a call that was not checked),
+        an empty command, a view with start but no end (or the other way round).
+    """
+    a = call.arguments
+    if call.name not in TOOLS:
+        raise ActionError(f"unknown tool {call.name!r}; tools are {', '.join(TOOLS)}.")
+    if call.name == "bash":
+        if not str(a.get("command", "")).strip():
+            raise ActionError("bash: the command is empty.")
+        return Action("bash", (), a["command"])
+    if call.name == "submit":
+        return Action("submit")
+    path = str(a["path"])
+    if call.name == "view":
+        if ("start" in a) != ("end" in a):
+            raise ActionError("view takes path alone, or path with both start and end.")
+        lines = (str(a["start"]), str(a["end"])) if "start" in a else ()
+        return Action("view", (path, *lines))
+    if call.name == "create":
+        return Action("create", (path,), a["content"].removesuffix("\n"))
+    if call.name == "str_replace":
+        return Action("str_replace", (path,), replace=(a["old_str"], a["new_str"]))
+    if call.name == "insert":
+        return Action("insert", (path, str(a["line"])), a["text"].removesuffix("\n"))
+    return Action("undo", (path,))
 
 
 def parse_action(text: str) -> Action:
@@ -196,13 +314,16 @@ class FileEditor:
         return f"created {path} ({action.body.count(chr(10)) + 1} lines)."
 
     def _str_replace(self, path: str, action: Action) -> str:
-        m = _REPLACE.match(action.body)
-        if not m:
-            raise ActionError(
-                "str_replace body must be:\n<<<<<<< OLD\n<old text>\n=======\n<new text>\n"
-                ">>>>>>> NEW"
-            )
-        old, new = m.group(1), m.group(2)
+        if action.replace is not None:
+            old, new = action.replace
+        else:
+            m = _REPLACE.match(action.body)
+            if not m:
+                raise ActionError(
+                    "str_replace body must be:\n<<<<<<< OLD\n<old text>\n=======\n<new text>\n"
+                    ">>>>>>> NEW"
+                )
+            old, new = m.group(1), m.group(2)
         text = self._read(path)
         count = text.count(old) if old else 0
         if count != 1:

@@ -4,12 +4,15 @@
     obs = env.reset(Task("swe", "train", "parse__flip_compare__1a2b3c4d"))
     obs, reward, done, info = env.step("```bash\\npython -m pytest -q\\n```")
 
-Each step runs one action (format in ``actions``); ``submit`` - or reaching ``max_turns``, which
-submits the current diff - evaluates the agent's diff with the runtime and ends the episode with
-the ``reward`` kind chosen ('resolved' or 'verified_ratio'). ``info`` carries ``won``,
-``invalid_action``, ``state_key`` (a key of the repository's diff, so equal code states group
-together for GiGPO/GAGPO), ``turn``, and at the end ``resolved``, ``verified_ratio``,
-``infra_failure`` and ``eval_reason``.
+Each step runs one action: a fenced block (the default, format in ``actions``), or with
+``action_format="tools"`` a ``ToolCall`` of one of its function tools (``actions.TOOL_SCHEMAS``:
+bash, view, create, str_replace, insert, undo, submit), which the rollout parses from the
+policy's own tool-call format, answering with a tool turn. ``submit`` - or reaching
+``max_turns``, which submits the current diff - evaluates the agent's diff with the runtime and
+ends the episode with the ``reward`` kind chosen ('resolved' or 'verified_ratio'). ``info``
+carries ``won``, ``invalid_action``, ``state_key`` (a key of the repository's diff, so equal code
+states group together for GiGPO/GAGPO), ``turn``, and at the end ``resolved``,
+``verified_ratio``, ``infra_failure`` and ``eval_reason``.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl_jax.envs.base import Env, Observation, Task, stable_key
+from agentrl_jax.envs.base import Env, Observation, Task, ToolCall, stable_key
 from agentrl_jax.envs.swe import actions
 from agentrl_jax.envs.swe.runtime import LocalRuntime, Runtime, RuntimeSetupError
 from agentrl_jax.envs.swe.tasks import SweTask, load_jsonl
@@ -27,6 +30,11 @@ INSTRUCTIONS = (
     "You are working in a Python repository (the current directory) to resolve the issue "
     "below. Explore, edit the code, run commands, and submit when done.\n\n" + actions.FORMAT_HELP
 )
+TOOL_INSTRUCTIONS = (
+    "You are working in a Python repository (the current directory) to resolve the issue "
+    "below. " + actions.TOOLS_HELP
+)
+ACTION_FORMATS = ("fenced", "tools")
 
 
 class SweEnv(Env):
@@ -39,6 +47,9 @@ class SweEnv(Env):
       reward: 'resolved' or 'verified_ratio'.
       output_chars: longest command output shown to the model (head + tail kept).
       command_timeout_s: wall-clock limit of one bash action.
+      action_format: 'fenced' (the default: the policy writes fenced blocks, parsed here) or
+        'tools' (function tools: ``step`` takes a ``ToolCall``, parsed and checked by the
+        rollout against ``tool_schemas``).
     """
 
     def __init__(
@@ -49,7 +60,12 @@ class SweEnv(Env):
         reward: str = "resolved",
         output_chars: int = 8000,
         command_timeout_s: float = 60.0,
+        action_format: str = "fenced",
     ):
+        if action_format not in ACTION_FORMATS:
+            raise ValueError(
+                f"action_format={action_format!r}: expected one of {list(ACTION_FORMATS)}"
+            )
         if reward not in ("resolved", "verified_ratio"):
             raise ValueError(f"reward={reward!r}: expected 'resolved' or 'verified_ratio'")
         if max_turns < 1:
@@ -58,6 +74,7 @@ class SweEnv(Env):
         self.runtime_factory = runtime_factory
         self.max_turns, self.reward_kind = max_turns, reward
         self.output_chars, self.command_timeout_s = output_chars, command_timeout_s
+        self.action_format = action_format
         self.runtime: Runtime | None = None
         self.editor: actions.FileEditor | None = None
         self.task: SweTask | None = None
@@ -67,6 +84,11 @@ class SweEnv(Env):
     @classmethod
     def lists_admissible_commands(cls, **kwargs) -> bool:
         return False  # free-form bash and edit actions: there is no list to choose from
+
+    @classmethod
+    def tool_schemas(cls, **kwargs) -> tuple[dict[str, Any], ...]:
+        """Its function tools with ``action_format="tools"``; none with fenced blocks."""
+        return actions.TOOL_SCHEMAS if kwargs.get("action_format") == "tools" else ()
 
     @classmethod
     def from_jsonl(cls, path: str, **kwargs) -> SweEnv:
@@ -85,22 +107,30 @@ class SweEnv(Env):
         self.runtime.reset(self.task)
         self.editor = actions.FileEditor(self.runtime)
         self.turn, self.done = 0, False
-        return Observation(objective=self.task.problem_statement, text=INSTRUCTIONS)
+        text = TOOL_INSTRUCTIONS if self.action_format == "tools" else INSTRUCTIONS
+        return Observation(objective=self.task.problem_statement, text=text)
 
     def _state_key(self) -> int:
         return stable_key(self.task.instance_id, self.runtime.diff())
 
-    def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
+    def step(self, action: str | ToolCall) -> tuple[Observation, float, bool, dict[str, Any]]:
         if self.done or self.task is None:
             raise RuntimeError("step() after the episode ended; call reset(task)")
+        tools = self.action_format == "tools"
+        if tools != isinstance(action, ToolCall):
+            raise TypeError(
+                f"SweEnv(action_format={self.action_format!r}) steps with "
+                f"{'a ToolCall' if tools else 'text'}; got {type(action).__name__}"
+            )
         self.turn += 1
         info: dict[str, Any] = {"won": False, "invalid_action": False, "turn": self.turn}
         try:
-            act = actions.parse_action(action)
+            act = actions.from_call(action) if tools else actions.parse_action(action)
         except actions.ActionError as e:
             act = None
             info["invalid_action"] = True
-            feedback = f"Invalid action: {e}\n\n{actions.FORMAT_HELP}"
+            help_text = "" if tools else f"\n\n{actions.FORMAT_HELP}"
+            feedback = f"Invalid action: {e}{help_text}"
         if act is not None and act.tool == "submit":
             return self._finish(info, "submitted")
         if act is not None:
