@@ -105,6 +105,8 @@ with open(SNAPSHOT) as _f:
             "logging.wandb.tags": [],
             "logging.wandb.mode": "offline",
             "logging.wandb.run_id": "",
+            # issue #43: tool calling's format; empty: the model family's.
+            "rollout.tool_format": "",
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()

@@ -6,6 +6,7 @@ The tokenizers are trained here (``chat_tokenizers``) and carry the real checkpo
 what the rollout feeds piece by piece.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import sys
 
 import chat_tokenizers as ct
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
@@ -29,6 +31,8 @@ from agentrl_jax.rollout import chat_checkpoint as cc
 from agentrl_jax.rollout import tool_calls as tc
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
+from agentrl_jax.run import build
+from agentrl_jax.run.config import ConfigError, from_config_dict
 from agentrl_jax.run.trainer import rollout_metrics
 from agentrl_jax.sampling import SamplingParams
 from agentrl_jax.sampling.sampler import TurnOutput
@@ -466,3 +470,51 @@ def test_the_worker_refuses_a_template_without_tool_turns():
     calling = tc.ToolCalling(TOOLS, tc.get_format("qwen"))
     with pytest.raises(ValueError, match="tool calling needs a chat template with tool turns"):
         RolloutWorker(None, None, None, get_template("qwen"), RolloutConfig(), tools=calling)
+    tool_template = dataclasses.replace(get_template("qwen"), tool_content="verbatim")
+    with pytest.raises(ValueError, match="expected constrain_actions=False"):
+        RolloutWorker(
+            None, None, None, tool_template, RolloutConfig(constrain_actions=True), tools=calling
+        )
+
+
+def _run_config(**sections):
+    env = {"name": "swe", "kwargs": {"path": "/nonexistent/tasks.jsonl", "action_format": "tools"}}
+    return from_config_dict(ml_collections.ConfigDict({"env": env, **sections}))
+
+
+def test_a_run_with_a_tool_env_calls_tools_in_its_family_format(tokenizers):
+    tok, path = tokenizers["qwen2_5"]
+    config = _run_config(model={"tokenizer": str(path), "template": "checkpoint"})
+    calling = build.tool_calling(config)
+    # The tiny preset is a Qwen2 model: Qwen's <tool_call> format.
+    assert calling.format.name == "qwen" and calling.tools == TOOLS
+    template = build.chat_template(config, tok)
+    assert template.has_tools and "# Tools" in template.system_suffix
+    # rollout.tool_format names another format (Llama 3.1's template, its JSON calls).
+    tok, path = tokenizers["llama3_1"]
+    config = _run_config(
+        model={"tokenizer": str(path), "template": "checkpoint"},
+        rollout={"tool_format": "llama3_json"},
+    )
+    assert build.tool_calling(config).format.name == "llama3_json"
+    assert build.chat_template(config, tok).tool_content == "json"
+    # An env whose actions are text: no tool calling, the template as before.
+    text_env = from_config_dict(ml_collections.ConfigDict({"env": {"name": "textworld"}}))
+    assert build.tool_calling(text_env) is None
+
+
+@pytest.mark.parametrize(
+    ("sections", "error"),
+    [
+        ({}, "offers function tools, which the checkpoint's own chat template renders; "
+             "config.model.template is 'plain'"),
+        ({"model": {"tokenizer": "/tok", "template": "checkpoint"},
+          "rollout": {"tool_format": "hermes"}},
+         "config.rollout.tool_format: unknown tool-call format 'hermes'"),
+    ],
+    ids=["fixed_template", "unknown_format"],
+)  # fmt: skip
+def test_a_tool_env_with_settings_that_cannot_call_tools_is_a_config_error(sections, error):
+    with pytest.raises(ConfigError) as e:
+        build.tool_calling(_run_config(**sections))
+    assert error in str(e.value)

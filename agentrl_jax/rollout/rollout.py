@@ -96,6 +96,10 @@ class RolloutConfig:
       admissible commands leave the turn unconstrained; an env that never lists any is a config
       error. The commands bound the action, so a command is never cut: a turn's decode budget
       is ``max_new_tokens`` or its longest command with the stop token, whichever is longer.
+    tool_format: tool calling (an env that offers function tools): the format the policy
+      writes calls in, a name in ``tool_calls.FORMATS``; empty: its model family's
+      (``Family.tool_format``: "qwen" for Qwen2/2.5/3, "llama3_json" for Llama). Unused when
+      the env's actions are text.
     """
 
     group_size: int = 4
@@ -110,6 +114,7 @@ class RolloutConfig:
     constrain_actions: bool = False
     batching: str = "waves"
     cohorts: int = 2
+    tool_format: str = ""
 
     def __post_init__(self):
         if self.batching not in BATCHING:

@@ -31,6 +31,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from agentrl_jax import sharding, timing
+from agentrl_jax.envs import registry as env_registry
 from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Task
 from agentrl_jax.models import CausalLM, ModelConfig, ValueModel, preset, registry
@@ -38,9 +39,11 @@ from agentrl_jax.models.tokenizer import build_tokenizer, load_tokenizer
 from agentrl_jax.rl import sft_data
 from agentrl_jax.rl.learner import Learner
 from agentrl_jax.rollout import tasks as tasks_lib
+from agentrl_jax.rollout import tool_calls
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.chat_template import ChatTemplate
 from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, render_observation
+from agentrl_jax.rollout.tool_calls import ToolCalling
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import logs, multihost, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
@@ -471,9 +474,50 @@ def tokenizer_fingerprint(tok) -> dict[str, str]:
     }
 
 
+def tool_calling(config: RunConfig) -> ToolCalling | None:
+    """The run's tool calling: the function tools the env offers (``Env.tool_schemas`` of
+    ``env.name`` with ``env.kwargs``) in ``rollout.tool_format``, or the policy's model family's
+    format (``Family.tool_format``); None when the env's actions are text.
+
+    Raises:
+      ConfigError: the env offers tools but the template is a fixed layout, or decoding is
+        constrained, or no format is named and the family has none, or the name is unknown.
+    """
+    schemas = env_registry.tool_schemas(config.env.name, dict(config.env.kwargs))
+    if not schemas:
+        return None
+    where = f"config.env.name={config.env.name!r} with config.env.kwargs={dict(config.env.kwargs)}"
+    if config.model.template != "checkpoint":
+        raise ConfigError(
+            f"{where} offers function tools, which the checkpoint's own chat template renders; "
+            f"config.model.template is {config.model.template!r}: expected 'checkpoint' (a "
+            "config.model.checkpoint or config.model.tokenizer whose template renders tools)"
+        )
+    if config.rollout.constrain_actions:
+        raise ConfigError(
+            f"{where} offers function tools: the policy writes tool calls, not admissible "
+            "commands; expected config.rollout.constrain_actions=False"
+        )
+    name = config.rollout.tool_format
+    if not name:
+        family = model_config(config).family
+        name = registry.family(family).tool_format
+        if not name:
+            raise ConfigError(
+                f"{where} offers function tools, but the model family {family!r} names no "
+                f"tool-call format: set config.rollout.tool_format to one of "
+                f"{sorted(tool_calls.FORMATS)} (or register one: tool_calls.register_format)"
+            )
+    try:
+        return tool_calls.ToolCalling(schemas, tool_calls.get_format(name))
+    except ValueError as e:
+        raise ConfigError(f"config.rollout.tool_format: {e}") from None
+
+
 def chat_template(config: RunConfig, tok) -> ChatTemplate:
     """``model.template``; a checkpoint's own is cut into pieces and checked against the
-    tokenizer here, before any model is built (rollout/chat_checkpoint.py)."""
+    tokenizer here, before any model is built (rollout/chat_checkpoint.py). With an env that
+    offers tools (``tool_calling``), derived with them and checked on tool turns."""
     template = get_template(
         config.model.template,
         tok,
@@ -482,6 +526,7 @@ def chat_template(config: RunConfig, tok) -> ChatTemplate:
         # Constrained decoding writes admissible commands only: never a think block, never
         # whitespace around an action.
         actions_think=not config.rollout.constrain_actions,
+        tools=tool_calling(config),
     )
     logging.info(
         "chat template: %s%s (stop token %r)",
@@ -689,7 +734,7 @@ def _build(config: RunConfig, workdir: str, evals, pool: ActorPool) -> Parts:
         local_mesh=local_mesh,
         rollout_mesh=rollout_mesh,
         sampler=sampler,
-        worker=worker_cls(pool, sampler, tok, template, config.rollout),
+        worker=worker_cls(pool, sampler, tok, template, config.rollout, tools=tool_calling(config)),
     )
     if train.cache_info().currsize:
         parts.train_tasks = train()  # the cached property's value, made once
