@@ -21,7 +21,7 @@ import pytest
 
 from agentrl_jax.envs import registry as env_registry
 from agentrl_jax.envs.actors import StepResult
-from agentrl_jax.envs.base import Task, ToolCall
+from agentrl_jax.envs.base import Observation, Task, ToolCall
 from agentrl_jax.envs.swe import actions as swe_actions
 from agentrl_jax.envs.swe import toy_package
 from agentrl_jax.envs.swe.env import SweEnv
@@ -518,3 +518,128 @@ def test_a_tool_env_with_settings_that_cannot_call_tools_is_a_config_error(secti
     with pytest.raises(ConfigError) as e:
         build.tool_calling(_run_config(**sections))
     assert error in str(e.value)
+
+
+COUNTER_TOOLS = (
+    {
+        "type": "function",
+        "function": {
+            "name": "advance",
+            "description": "Move the counter forward.",
+            "parameters": {
+                "type": "object",
+                "properties": {"steps": {"type": "integer"}},
+                "required": ["steps"],
+            },
+        },
+    },
+)
+
+
+class CounterEnv:
+    """Won once the counter reaches 2; each ``advance`` call adds its steps."""
+
+    def reset(self, task):
+        self.count = 0
+        return Observation("reach 2", "The counter is at 0.")
+
+    def step(self, call):
+        assert isinstance(call, ToolCall) and call.name == "advance"
+        self.count += call.arguments["steps"]
+        text = f"The counter is at {self.count}."
+        won = self.count >= 2
+        info = {"won": won, "invalid_action": False, "state_key": self.count}
+        return Observation("reach 2", text, feedback=text), float(won), won, info
+
+
+class StreamPool:
+    """An in-process pool with ActorPool's slot interface (submit / poll), for continuous
+    batching: every op is answered at once and collected by the next poll."""
+
+    def __init__(self, capacity):
+        self.capacity, self.envs, self.pending = (
+            capacity,
+            [CounterEnv() for _ in range(capacity)],
+            {},
+        )
+        self.calls = []
+
+    @property
+    def in_flight(self):
+        return len(self.pending)
+
+    def submit(self, kind, items):
+        for slot, item in items.items():
+            env = self.envs[slot]
+            if kind == "reset":
+                self.pending[slot] = StepResult(env.reset(item), info={"state_key": 0})
+            else:
+                self.calls.append(item)
+                obs, reward, done, info = env.step(item)
+                self.pending[slot] = StepResult(obs, reward=reward, done=done, info=info)
+
+    def poll(self, timeout=None):
+        out, self.pending = self.pending, {}
+        return out
+
+    def reset(self, tasks):
+        self.submit("reset", dict(enumerate(tasks)))
+        out = self.poll()
+        return [out[i] for i in range(len(tasks))]
+
+    def step(self, actions):
+        self.submit("step", {i: a for i, a in enumerate(actions) if a is not None})
+        out = self.poll()
+        return [out.get(i) for i in range(len(actions))]
+
+
+class FeedScriptedSampler(ScriptedSampler):
+    """Replies by what a row was fed: its first turn a call with a wrong argument type, after an
+    error a good call, after a result another good call."""
+
+    def step_turn(self, cache, feed, budgets, keys, sampling=None, **kwargs):
+        good = self.replies[1]
+        self.replies_by_row = [
+            "" if not f else good if "invalid tool call" in self.tok.decode(f)
+            else self.replies[0] if "Goal:" in self.tok.decode(f) else good
+            for f in feed
+        ]  # fmt: skip
+        rows = [
+            self.tok.encode(r, add_special_tokens=False) + [self.stop_id] if f else []
+            for r, f in zip(self.replies_by_row, feed)
+        ]
+        width = max(map(len, rows))
+        tokens = np.zeros((len(rows), width), np.int32)
+        for i, r in enumerate(rows):
+            tokens[i, : len(r)] = r
+        zeros = np.zeros((len(rows), width), np.float32)
+        lengths = np.asarray([len(r) for r in rows], np.int32)
+        return TurnOutput(tokens, zeros, zeros, lengths, lengths * 0, None)
+
+
+@pytest.mark.parametrize("batching", ["waves", "continuous"])
+def test_malformed_calls_are_answered_in_waves_and_continuous_batching(tokenizers, batching):
+    tok, path = tokenizers["qwen2_5"]
+    calling = tc.ToolCalling(COUNTER_TOOLS, tc.get_format("qwen"))
+    template = get_template(
+        "checkpoint", tok, directory=str(path), system_prompt=SYSTEM, tools=calling
+    )
+    replies = [
+        calling.render(ToolCall("advance", {"steps": "one"})),
+        calling.render(ToolCall("advance", {"steps": 1})),
+    ]
+    sampler = FeedScriptedSampler(tok, template.stop_id(tok), replies)
+    pool = StreamPool(capacity=4)
+    cfg = RolloutConfig(
+        group_size=2, max_turns=6, max_new_tokens=64, max_seq_len=4096, batching=batching
+    )
+    worker = RolloutWorker(pool, sampler, tok, template, cfg, tools=calling)
+    tasks = [Task("counter", "train", str(i)) for i in range(3)]
+    trajs = worker.run(tasks, jax.random.key(0))
+    assert len(trajs) == 6 and all(t.won for t in trajs)
+    for t in trajs:
+        assert [s.info["invalid_tool_call"] for s in t.steps] == [True, False, False]
+        assert [s.state_key for s in t.steps] == [0, 0, 1]  # the malformed call left state 0
+        assert "argument 'steps' of advance must be integer" in tok.decode(t.steps[1].obs_ids)
+    assert len(pool.calls) == 12  # two good calls per episode; the malformed ones never arrived
+    assert rollout_metrics(trajs)["rollout/invalid_tool_call_rate"] == pytest.approx(1 / 3)
