@@ -4,9 +4,9 @@ A template is text around the system prompt, around each observation (the user t
 suffix opens the action) and after the stop token that closes an action. A template for tool
 calling (``chat_checkpoint.checkpoint_template(..., tools=...)``) has the tools rendered into its
 system piece (or its first user turn, as Llama 3.1's does), and text around each tool result (the
-``tool`` turn that answers a call). Each piece is encoded
-once, as it enters the model's context (token-in, token-out: ``rollout/chat.py``). The templates
-themselves, by name, are in ``rollout/chat.py``; a checkpoint's own, read from its jinja text, in
+``tool`` turn that answers a call). Each piece is encoded once, as it enters the model's context
+(token-in, token-out: ``rollout/chat.py``). The templates themselves, by name, are in
+``rollout/chat.py``; a checkpoint's own, read from its jinja text, in
 ``rollout/chat_checkpoint.py``.
 """
 

@@ -505,7 +505,7 @@ class Actor(Protocol):
     def start(self, ep: Episode) -> None:
         """After the episode's reset (``ep.obs`` and ``ep.info`` are set)."""
 
-    def act(self, turn: int, episodes: list[Episode]) -> list[str | ToolCall | None]:
+    def act(self, turn: int, episodes: list[Episode]) -> list[str | ToolCall | StepResult | None]:
         """One command per episode of the wave (None: the episode is not stepped; a
         ``StepResult``: the actor answered it itself, and the env is not stepped)."""
 
@@ -723,7 +723,9 @@ class _WaveActor:
         ids = (w.system_ids if ep.turn == 0 else []) + ep.pending_ids
         return None if ep.used + len(ids) + action > cfg.max_seq_len else ids
 
-    def act(self, turn: int | None, episodes: list[Episode]) -> list[str | ToolCall | None]:
+    def act(
+        self, turn: int | None, episodes: list[Episode]
+    ) -> list[str | ToolCall | StepResult | None]:
         """One command per row of ``episodes`` (None for a row that is not live); each live
         episode plays its own next turn (``ep.turn``). Under tool calling a ``ToolCall``, or the
         ``StepResult`` that answers a malformed call without the env."""
@@ -780,7 +782,7 @@ class _WaveActor:
                 actions_ids = out.token_lists()
                 allowed = out.allowed_lists() if cfg.constrain_actions else None
                 logprobs = np.asarray(out.policy_logprobs if greedy else out.logprobs)
-        actions: list[str | None] = []
+        actions: list[str | ToolCall | StepResult | None] = []
         for i, ep in enumerate(episodes):
             if not feed[i]:
                 actions.append(None)
