@@ -8,7 +8,10 @@ templates in ``tests/data/chat_templates/`` are the checkpoints' jinja text, ver
 - ``qwen2_5_instruct.jinja``: Qwen/Qwen2.5-*-Instruct ``tokenizer_config.json`` ``chat_template``;
 - ``qwen3.jinja``: Qwen/Qwen3-0.6B's (the Qwen3 family's, with its ``<think>`` handling);
 - ``llama3_instruct.jinja``: meta-llama/Meta-Llama-3-8B-Instruct's;
-- ``llama3_1_instruct.jinja``: meta-llama/Llama-3.1-8B-Instruct's (3.3-70B ships the same).
+- ``llama3_1_instruct.jinja``: meta-llama/Llama-3.1-8B-Instruct's (3.3-70B ships the same);
+- ``deepseek_r1_distill_qwen.jinja``: deepseek-ai/DeepSeek-R1-Distill-Qwen-*'s (its generation
+  prompt opens ``<think>\n``; the assistant turns it renders keep only the text after
+  ``</think>``), on Qwen2's pre-tokenizer with the distill tokenizer's own markers.
 """
 
 from __future__ import annotations
@@ -48,6 +51,11 @@ LLAMA3_SPECIAL = (
     "<|eom_id|>",
     "<|python_tag|>",
 )
+# DeepSeek-R1-Distill-Qwen: Qwen2's vocabulary with DeepSeek's sentence and role markers (the
+# role markers and think tags are added tokens that are not special, as in its tokenizer.json).
+DEEPSEEK_BOS, DEEPSEEK_EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
+DEEPSEEK_SPECIAL = (DEEPSEEK_EOS, DEEPSEEK_BOS)
+DEEPSEEK_ADDED = ("<｜User｜>", "<｜Assistant｜>", "<think>", "</think>")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +92,9 @@ FAMILIES = {
     # encodes differently alone than before a word.
     "llama3_gpt2_split": Family("llama3_instruct.jinja", GPT2_SPLIT, LLAMA3_SPECIAL,
                                 bos="<|begin_of_text|>", eos="<|eot_id|>"),
+    "deepseek_r1_distill_qwen": Family("deepseek_r1_distill_qwen.jinja", QWEN2_SPLIT,
+                                       DEEPSEEK_SPECIAL, added=DEEPSEEK_ADDED, bos=DEEPSEEK_BOS,
+                                       eos=DEEPSEEK_EOS, pad=DEEPSEEK_EOS),
 }  # fmt: skip
 
 # Text like the environments' (observations, commands, goals), with runs of newlines and spaces.

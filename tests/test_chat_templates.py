@@ -523,3 +523,202 @@ def test_a_run_takes_qwen3_and_llama3_under_constrained_decoding_only(tokenizers
     cd.rollout.constrain_actions = False
     with pytest.raises(cc.ChatTemplateError, match=refused):
         build.chat_template(from_config_dict(cd), tok)
+
+
+# ----------------------------------------------------------------------- append-only templates
+
+DEEPSEEK = "deepseek_r1_distill_qwen"
+
+
+def test_deepseek_r1_distill_is_refused_naming_the_append_only_opt_in(tokenizers):
+    """Its generation prompt opens <think>\\n, which the assistant turns it renders later leave out
+    (with the reasoning before </think>): not prefix-stable, and the refusal names the opt-in."""
+    tok, path = tokenizers[DEEPSEEK]
+    for actions_think in (True, False):
+        with pytest.raises(cc.ChatTemplateError) as e:
+            get_template(
+                "checkpoint",
+                tok,
+                directory=str(path),
+                system_prompt=SYSTEM,
+                actions_think=actions_think,
+            )
+        message = str(e.value)
+        assert "is not prefix-stable: the generation prompt is not how the template" in message
+        assert "fed '<think>\\nACTIONxQ7'" in message
+        assert "config.model.template_mode='append_only'" in message
+
+
+def test_the_refusals_of_rewriting_templates_name_the_append_only_opt_in(tokenizers):
+    tok, path = tokenizers["qwen3"]  # drops earlier think blocks: refused at action 4
+    with pytest.raises(cc.ChatTemplateError, match="template_mode='append_only'"):
+        get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
+    tok, path = tokenizers["llama3_1"]  # trims actions: refused under free decoding
+    with pytest.raises(cc.ChatTemplateError, match="template_mode='append_only'"):
+        get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
+
+
+# The pieces of the rewriting templates under append-only: DeepSeek's generation prompt opens the
+# think block the policy then closes; Qwen3's (thinking) is ChatML's.
+APPEND_ONLY_PIECES = {
+    DEEPSEEK: ("<｜begin▁of▁sentence｜>", "", "<｜User｜>", "<｜Assistant｜><think>\n", ""),
+    "qwen3": (
+        "<|im_start|>system\n",
+        "<|im_end|>\n",
+        "<|im_start|>user\n",
+        "<|im_end|>\n<|im_start|>assistant\n",
+        "\n",
+    ),
+}
+APPEND_ONLY_STOP = {DEEPSEEK: "<｜end▁of▁sentence｜>", "qwen3": "<|im_end|>"}
+
+
+def _thinking(action: str, family: str) -> str:
+    """An action as a thinking policy writes it after the generation prompt: DeepSeek's prompt
+    has opened the think block already; Qwen3 opens its own."""
+    thought = f"I should {action} now.\n</think>\n\n{action}"
+    return thought if family == DEEPSEEK else "<think>\n" + thought
+
+
+class ThinkingPool(ScriptedPool):
+    """The expert thinks before each command; the env is sent the whole action text."""
+
+    family = DEEPSEEK
+
+    def _info(self, i):
+        info = super()._info(i)
+        return {**info, "expert_action": _thinking(info["expert_action"], self.family)}
+
+    def step(self, actions):
+        plain = [a.split("</think>")[-1].strip() for a in actions]
+        assert actions == [_thinking(a, self.family) for a in plain]
+        return super().step(plain)
+
+
+@pytest.mark.parametrize("family", sorted(APPEND_ONLY_PIECES))
+def test_append_only_keeps_each_turn_as_the_policy_saw_and_wrote_it(tokenizers, family):
+    """A 10-turn episode of thinking actions through the unchanged RolloutWorker, append-only:
+    the first turn is apply_chat_template's, every later turn (after the stop id that closes the
+    previous action) is the tail of apply_chat_template of the conversation so far (what a
+    server renders to ask for that action), and every action is its ids as written, think block
+    and all, which the template's own rendering of the whole conversation rewrites."""
+    tok, path = tokenizers[family]
+    cfg = RolloutConfig(group_size=1, max_turns=12, max_new_tokens=64, max_seq_len=4096)
+    template = get_template(
+        "checkpoint", tok, directory=str(path), system_prompt=cfg.system_prompt, append_only=True
+    )
+    pieces = (template.system_prefix, template.system_suffix, template.user_prefix)
+    pieces += (template.user_suffix, template.action_suffix)
+    assert pieces == APPEND_ONLY_PIECES[family] and template.append_only
+    assert template.stop_token == APPEND_ONLY_STOP[family] == tok.eos_token
+    stop_id = template.stop_id(tok)
+
+    pool = ThinkingPool()
+    pool.family = family
+    worker = RolloutWorker(pool, None, tok, template, cfg)
+    [traj] = worker.run([Task("scripted", "train", "0")], jax.random.key(0), expert=True)
+    assert traj.won and len(traj.steps) == ScriptedPool.STEPS
+
+    replay = ScriptedPool()
+    [first] = replay.reset([None])
+    seen = [render_observation(first.observation, first=True, show_admissible=True)]
+    for k in range(ScriptedPool.STEPS):
+        [res] = replay.step([ACTIONS[k]])
+        seen.append(render_observation(res.observation, first=False, show_admissible=True))
+    written = [_thinking(a, family) for a in ACTIONS]
+
+    messages = _conversation(seen[:1], [])
+    assert traj.steps[0].prompt_ids == _whole_ids(tok, messages)
+    prompts = [step.prompt_ids for step in traj.steps[1:]] + [traj.final_obs_ids]
+    for k, step in enumerate(traj.steps):
+        assert step.action_ids == tok.encode(written[k], add_special_tokens=False) + [stop_id]
+        messages = _conversation(seen[: k + 2], written[: k + 1])
+        tail = [stop_id] + prompts[k]
+        assert _whole_ids(tok, messages)[-len(tail) :] == tail
+    # The template rewrites the history the policy saw: its whole conversation is not the context.
+    fed = [i for step in traj.steps for i in step.prompt_ids + step.action_ids]
+    fed += traj.final_obs_ids
+    whole = _whole_ids(tok, _conversation(seen, written))
+    assert fed != whole and len(whole) < len(fed)
+    reasoning = tok.encode(f"I should {ACTIONS[0]}", add_special_tokens=False)
+    assert _contains(fed, reasoning) and not _contains(whole, reasoning)
+
+
+def _contains(ids, part):
+    return any(ids[i : i + len(part)] == part for i in range(len(ids) - len(part) + 1))
+
+
+def test_append_only_takes_qwen3_without_thinking_and_llama3_under_free_decoding(
+    tokenizers, tmp_path
+):
+    """Qwen3's non-thinking generation prompt (an empty think block, dropped from the turns it
+    renders later) and Llama 3.1's trimming of actions are rewrites that append-only keeps out of
+    the context: both are taken under free decoding, their generation prompts the template's."""
+    no_think = ct.template_text("qwen3").replace(
+        "enable_thinking is defined and enable_thinking is false", "true"
+    )
+    tok = ct.make_tokenizer_dir("qwen3", tmp_path, template=no_think)
+    template = get_template(
+        "checkpoint", tok, directory=str(tmp_path), system_prompt=SYSTEM, append_only=True
+    )
+    assert template.user_suffix == "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    tok, path = tokenizers["llama3_1"]
+    template = get_template(
+        "checkpoint", tok, directory=str(path), system_prompt=SYSTEM, append_only=True
+    )
+    assert template.strip_actions and template.stop_token == "<|eot_id|>"
+
+
+# A ChatML variant that renders the third and later user turns otherwise than the first two.
+LATE_TURNS = (
+    "{%- for m in messages %}{%- if m.role == 'user' and loop.index0 > 3 %}"
+    "{{- '<|im_start|>user\\n(again) ' + m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+# A system piece that ends in a space before the first user turn's plain text: " Turn" merges.
+SPACED_SYSTEM = (
+    "{%- for m in messages %}{%- if m.role == 'system' %}{{- m.content + ' ' }}"
+    "{%- elif m.role == 'user' %}{{- 'Turn: ' + m.content + '<|im_end|>\\n' }}"
+    "{%- else %}{{- '<|im_start|>assistant\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+@pytest.mark.parametrize(
+    ("template", "expected"),
+    [
+        (LATE_TURNS, "but user turn 3 of a 3-turn conversation rendered by apply_chat_template"),
+        (SPACED_SYSTEM, "the first turn's text is the template's but its ids encoded piece by"),
+    ],
+    ids=["late_turns", "spaced_system"],
+)
+def test_append_only_refuses_what_it_can_check(tmp_path, template, expected):
+    tok = ct.make_tokenizer_dir("qwen2_5", tmp_path, template=template)
+    with pytest.raises(cc.ChatTemplateError) as e:
+        get_template(
+            "checkpoint", tok, directory=str(tmp_path), system_prompt=SYSTEM, append_only=True
+        )
+    assert expected in str(e.value) and str(tmp_path / "chat_template.jinja") in str(e.value)
+    with pytest.raises(ValueError, match="append-only applies to a checkpoint's own"):
+        get_template("qwen", append_only=True)
+
+
+def test_config_template_mode_is_opt_in_and_reaches_the_run(tokenizers):
+    from agentrl_jax.run import build
+
+    assert _model().template_mode == "exact"
+    assert _model(checkpoint="/ckpt", template_mode="append_only").template_mode == "append_only"
+    with pytest.raises(ConfigError, match="config.model.template_mode is 'rewrite'; valid"):
+        _model(checkpoint="/ckpt", template_mode="rewrite")
+    with pytest.raises(ConfigError, match="'append_only' but config.model.template is 'qwen'"):
+        _model(checkpoint="/ckpt", template="qwen", template_mode="append_only")
+    tok, path = tokenizers[DEEPSEEK]
+    cd = tiny_textworld.get_config()
+    cd.model.tokenizer, cd.model.template = str(path), "checkpoint"
+    cd.rollout.constrain_actions = False
+    with pytest.raises(cc.ChatTemplateError, match="template_mode='append_only'"):
+        build.chat_template(from_config_dict(cd), tok)
+    cd.model.template_mode = "append_only"
+    template = build.chat_template(from_config_dict(cd), tok)
+    assert template.append_only and template.user_suffix == "<｜Assistant｜><think>\n"

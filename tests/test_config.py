@@ -107,6 +107,8 @@ with open(SNAPSHOT) as _f:
             "logging.wandb.run_id": "",
             # issue #43: tool calling's format; empty: the model family's.
             "rollout.tool_format": "",
+            # issue #42: a checkpoint's chat template is held exact unless append-only is asked for.
+            "model.template_mode": "exact",
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()

@@ -65,6 +65,7 @@ def get_template(
     system_prompt: str = "",
     actions_think: bool = True,
     tools: ToolCalling | None = None,
+    append_only: bool = False,
 ) -> ChatTemplate:
     """The chat template called ``name``: a fixed one, or ``"checkpoint"``, read and checked.
 
@@ -78,6 +79,9 @@ def get_template(
         at either end; False for constrained decoding, whose actions are admissible commands
         (``"checkpoint"`` only: a template that drops earlier think blocks, Qwen3's, or trims
         actions, Llama 3's, is then exact; under free decoding it is refused).
+      append_only: keep each turn as the policy saw and wrote it, the generation prompt from the
+        template, for a template that rewrites history (``"checkpoint"`` only;
+        ``chat_checkpoint.check_append_only``).
 
     Raises:
       ValueError: an unknown name; ``"checkpoint"`` without a tokenizer or directory; a
@@ -96,12 +100,18 @@ def get_template(
             system_prompt=system_prompt,
             actions_think=actions_think,
             tools=tools,
+            append_only=append_only,
         )
     if tools is not None:
         raise ValueError(
             f"chat template {name!r} cannot render tools: tool calling renders the env's tools "
             "and the tool turns with the checkpoint's own template (config.model.template="
             "'checkpoint')"
+        )
+    if append_only:
+        raise ValueError(
+            f"append-only applies to a checkpoint's own chat template; {name!r} renders every "
+            "turn as it was fed"
         )
     if name not in TEMPLATES:
         valid = sorted((*TEMPLATES, CHECKPOINT))

@@ -53,6 +53,28 @@ conversation of 10 calls and 10 tool results, fed piece by piece, against the wh
 once, as text and id for id. In such a conversation every turn after the first user message is a
 tool turn, so Qwen3's template keeps every think block (it drops only those before the last user
 query); the calls are each format's ``render`` of them, as the template writes ``tool_calls``.
+
+**Append-only** (``checkpoint_template(..., append_only=True)``, ``config.model.template_mode=
+'append_only'``, opt-in): for a template that rewrites history, Qwen3's thinking mode (earlier
+think blocks dropped) or DeepSeek-R1-Distill's (the generation prompt opens ``<think>\\n``, which
+the earlier assistant turns it renders leave out, with their reasoning). The run keeps each turn
+exactly as the policy saw and wrote it: the rollout feeds the same pieces, and the context at turn
+k is every earlier turn as it was fed then, never the template's rewrite of it. Only the newest
+turn and its generation prompt come from the template, as a server that renders the conversation
+for turn k would give them. :func:`check_append_only` verifies what such a context can be checked
+against: the first turn (system piece, first user turn and generation prompt) equal to the
+template's, as text and ids; the stop token (one id) closing the previous action in the
+template's rendering of every later turn; and the piece after it, the next user turn with the
+generation prompt, encoded apart equal to the tail of ``apply_chat_template(tokenize=True)``: the
+pieces meet at the special stop token. Serving such a policy must feed it the same way (docs/
+models.md, "Templates that rewrite history").
+
+The two compose: with tools and append-only (``checkpoint_template(..., tools=...,
+append_only=True)``), the call is read after the template's rendering of it wherever that starts,
+and :func:`check_tool_turns_append_only` holds the tool turns to the same checks as
+:func:`check_append_only` holds user turns: the first turn (with the tools rendered in) as the
+template renders it, and each tool result with the generation prompt after the stop id, as the
+tail of the template's rendering, text and ids.
 """
 
 from __future__ import annotations
@@ -114,8 +136,13 @@ _FIXES = (
     "Use a template that renders every turn once, as it was fed: config.model.template='qwen' for "
     "a ChatML checkpoint (Qwen2.5, Qwen3), or a chat_template.jinja of your own beside the "
     "checkpoint's tokenizer. A template that only drops think blocks is exact for a policy that "
-    "writes none: constrained decoding (config.rollout.constrain_actions=True) checks it so."
+    "writes none: constrained decoding (config.rollout.constrain_actions=True) checks it so. Or "
+    "opt in to keeping each turn exactly as the policy saw and wrote it, with the generation "
+    "prompt from the template (Qwen3 thinking, DeepSeek-R1-Distill): "
+    "config.model.template_mode='append_only' (docs/models.md says what serving such a policy "
+    "must then reproduce)."
 )
+_APPEND_ONLY = "config.model.template_mode='append_only'"
 
 
 class ChatTemplateError(ValueError):
@@ -179,13 +206,19 @@ def read_chat_template(directory: str | pathlib.Path) -> TemplateSource:
     )
 
 
-def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
+def derive_template(
+    tokenizer, source: TemplateSource, *, append_only: bool = False
+) -> ChatTemplate:
     """The template's pieces, by rendering short conversations and differencing the strings.
 
     Args:
       tokenizer: the checkpoint's tokenizer (transformers), which renders with its special tokens
         (``bos_token`` and the like) as the template expects.
       source: the template's text and origin (:func:`read_chat_template`).
+      append_only: the run keeps each turn as fed (module docstring), so the assistant turn the
+        template renders once the next user turn follows need not start with the generation
+        prompt (DeepSeek-R1-Distill's opens ``<think>\\n``, its rendered turns do not): the stop
+        token and the closing text are read after the action wherever the template puts it.
 
     Returns:
       A ``ChatTemplate`` named ``"checkpoint"`` whose stop token is the token that closes the
@@ -207,7 +240,9 @@ def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
     if not b.startswith(a):
         raise _unstable(source, "adding the first user turn changes the system piece", a, b)
     user_prefix, user_suffix = _split_once(source, b[len(a) :], _USER1, "[system, user]")
-    if not d.startswith(b + _ACTION1):
+    if append_only:
+        _, closing = _split_once(source, d[len(a) :], _ACTION1, "[system, user, assistant, user]")
+    elif not d.startswith(b + _ACTION1):
         raise _unstable(
             source,
             "the generation prompt is not how the template renders the assistant turn once the "
@@ -215,7 +250,8 @@ def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
             b + _ACTION1,
             d,
         )
-    closing = d[len(b) + len(_ACTION1) :]
+    else:
+        closing = d[len(b) + len(_ACTION1) :]
     stop = _stop_token(tokenizer, source, closing)
     later_prefix, later_suffix = _split_once(
         source, closing[len(stop) :], _USER2, "[system, user, assistant, user]"
@@ -243,6 +279,7 @@ def derive_template(tokenizer, source: TemplateSource) -> ChatTemplate:
         strip_content=strip,
         strip_actions=strip_actions,
         source=source.origin,
+        append_only=append_only,
     )
 
 
@@ -351,10 +388,25 @@ def derive_tool_template(
     call = _probe_calls(schemas, 1)[0]
     action = tools.render(call)
     fed = b + action + base.stop_token
+    # Append-only: the assistant turn the template renders once a result follows need not open
+    # with the generation prompt (the module docstring); the call is read wherever it starts.
+    opening = b[: len(b) - len(user_suffix)]
 
     def tail(content: str) -> str:
         messages = [*first, assistant_message(call), {"role": "tool", "content": content}]
         whole = _render(tokenizer, source, messages, generation_prompt=True, tools=schemas)
+        if base.append_only:
+            closed = action + base.stop_token
+            if whole.startswith(opening) and closed in whole[len(opening) :]:
+                return whole[len(opening) :].split(closed, 1)[1]
+            raise _unstable(
+                source,
+                f"a call written in the {tools.format.name!r} format, closed by the stop token, "
+                "is not how the template renders the assistant turn's tool_calls (append-only), "
+                "or the template changes the first turn once a tool result follows",
+                opening + "..." + closed,
+                whole,
+            )
         if not whole.startswith(fed):
             raise _unstable(
                 source,
@@ -468,6 +520,176 @@ def check_tool_turns_stable(
     )
 
 
+def check_append_only(
+    template: ChatTemplate,
+    tokenizer,
+    source: TemplateSource,
+    *,
+    system_prompt: str,
+    observations: Sequence[str] = OBSERVATIONS,
+    actions: Sequence[str] = ACTIONS,
+) -> None:
+    """Checks what an append-only context shares with the template (module docstring).
+
+    The context a rollout keeps is every turn as it was fed and sampled; the template may render
+    the earlier ones otherwise (that is why the run opted in), so only these are compared:
+
+    - the first turn: the system piece and the first user turn with the generation prompt equal
+      ``apply_chat_template([system, user], add_generation_prompt=True)``, as text and as ids;
+    - every later turn k: the template's rendering of the conversation up to observation k with
+      the generation prompt (what a server renders to ask for action k) ends with the stop token
+      and then exactly ``template.turn_text`` of observation k: the previous action is closed by
+      the stop id the sampler stops on, and the turn and its generation prompt are the template's;
+    - where the pieces meet: that turn's ids encoded apart, after the stop id, are the tail of
+      ``apply_chat_template(tokenize=True)`` of the same conversation (no merge across the stop
+      token, which is special).
+
+    Args:
+      template: the pieces (:func:`derive_template` with ``append_only=True``).
+      tokenizer: the checkpoint's tokenizer.
+      source: the template's text and origin.
+      system_prompt: the run's system prompt.
+      observations: ``len(actions) + 1`` user messages.
+      actions: the assistant messages (as a policy writes them; the template may rewrite them).
+
+    Raises:
+      ChatTemplateError: a turn differs; the message names it and shows both sides.
+    """
+    if len(observations) != len(actions) + 1:
+        raise ValueError(
+            f"{len(actions)} actions need {len(actions) + 1} observations; got {len(observations)}"
+        )
+    messages = _check_first_turn(template, tokenizer, source, system_prompt, observations[0])
+    for k, obs in enumerate(observations[1:], start=1):
+        messages += [_assistant(actions[k - 1]), _user(obs)]
+        _check_newest_turn(
+            template,
+            tokenizer,
+            source,
+            messages,
+            f"user turn {k + 1} of a {k + 1}-turn conversation",
+            template.turn_text(obs, first=False),
+            template.turn_ids(tokenizer, obs, first=False),
+        )
+
+
+def check_tool_turns_append_only(
+    template: ChatTemplate,
+    tokenizer,
+    source: TemplateSource,
+    tools: ToolCalling,
+    *,
+    system_prompt: str,
+    first_observation: str = OBSERVATIONS[0],
+    calls: Sequence[ToolCall] | None = None,
+    results: Sequence[str] = OBSERVATIONS[1:],
+) -> None:
+    """:func:`check_append_only` for tool calling: the same checks, the later turns tool turns.
+
+    The first turn (system piece and first user turn, the tools rendered in, with the generation
+    prompt) is compared whole with ``apply_chat_template([system, user], tools=...)``, as text and
+    ids; after each call (``tools.render``, rendered by the template from ``tool_calls``), the
+    template's rendering of the conversation up to its ``tool`` result must end with the stop
+    token and then exactly ``template.tool_text`` of the result, and the ids likewise.
+
+    Args:
+      template: the tool template (:func:`derive_tool_template` of an append-only base).
+      tokenizer, source: the checkpoint's tokenizer and template.
+      tools: the run's tools and call format.
+      system_prompt: the run's system prompt.
+      first_observation: the user message.
+      calls: the calls (default: ``len(results)`` calls of the tools, as
+        :func:`check_tool_turns_stable` makes them).
+      results: the tool results, one per call.
+
+    Raises:
+      ChatTemplateError: a turn differs; the message names it and shows both sides.
+    """
+    calls = list(calls) if calls is not None else _probe_calls(tools.tools, len(results))
+    if len(calls) != len(results):
+        raise ValueError(f"{len(calls)} calls need {len(calls)} results; got {len(results)}")
+    messages = _check_first_turn(
+        template, tokenizer, source, system_prompt, first_observation, tools=tools.tools
+    )
+    for k, (call, result) in enumerate(zip(calls, results, strict=True)):
+        messages += [assistant_message(call), {"role": "tool", "content": result}]
+        _check_newest_turn(
+            template,
+            tokenizer,
+            source,
+            messages,
+            f"tool turn {k + 1} of a conversation of {k + 1} calls",
+            template.tool_text(result),
+            template.tool_ids(tokenizer, result),
+            tools=tools.tools,
+        )
+
+
+def _check_first_turn(
+    template: ChatTemplate,
+    tokenizer,
+    source: TemplateSource,
+    system_prompt: str,
+    observation: str,
+    tools=None,
+) -> list[dict]:
+    """Append-only's first check: the system piece and the first user turn with the generation
+    prompt are the template's rendering of them, as text and ids. Returns the messages."""
+    messages = [{"role": "system", "content": system_prompt}, _user(observation)]
+    fed = template.system_text(system_prompt) + template.turn_text(observation, first=True)
+    whole = _render(tokenizer, source, messages, generation_prompt=True, tools=tools)
+    if fed != whole:
+        at = _first_difference(fed, whole)
+        raise ChatTemplateError(
+            f"chat template {source.origin}: append-only keeps the first turn as the template "
+            "renders it, but the system piece and the first user turn with the generation prompt "
+            f"differ from apply_chat_template of [system, user], first at character {at}: "
+            f"{_show(fed, whole, at, ('pieces', 'template'))}"
+        )
+    fed_ids = template.system_ids(tokenizer, system_prompt)
+    fed_ids += template.turn_ids(tokenizer, observation, first=True)
+    whole_ids = _render_ids(tokenizer, source, messages, tools=tools)
+    if fed_ids != whole_ids:
+        at = _first_difference(fed_ids, whole_ids)
+        raise ChatTemplateError(
+            f"chat template {source.origin}: the first turn's text is the template's but its "
+            f"ids encoded piece by piece differ from apply_chat_template(tokenize=True), first at "
+            f"id {at}: pieces {tokenizer.convert_ids_to_tokens(fed_ids[at : at + 4])}, whole "
+            f"{tokenizer.convert_ids_to_tokens(whole_ids[at : at + 4])}: the system piece and the "
+            "first user turn do not meet at a special token"
+        )
+    return messages
+
+
+def _check_newest_turn(
+    template: ChatTemplate, tokenizer, source: TemplateSource, messages, what, text, ids, tools=None
+) -> None:
+    """Append-only's check of a later turn (``what``, fed as ``text`` and ``ids``): the template's
+    rendering of ``messages`` with the generation prompt ends with the stop token and ``text``,
+    and its ids with the stop id and ``ids``."""
+    tail = template.stop_token + text
+    whole = _render(tokenizer, source, messages, generation_prompt=True, tools=tools)
+    if not whole.endswith(tail):
+        ends = whole[max(0, len(whole) - len(tail) - 40) :]
+        raise ChatTemplateError(
+            f"chat template {source.origin}: append-only feeds each later turn as the "
+            f"template renders the newest one, after the stop token {template.stop_token!r} "
+            f"that closes the previous action, but {what} rendered by apply_chat_template ends "
+            f"{ends!r}, not {tail!r}: the template renders a later turn, or the text between an "
+            "action and it, otherwise than the first ones (no fixed pieces to feed)"
+        )
+    tail_ids = [template.stop_id(tokenizer)] + list(ids)
+    whole_ids = _render_ids(tokenizer, source, messages, tools=tools)
+    if whole_ids[-len(tail_ids) :] != tail_ids:
+        raise ChatTemplateError(
+            f"chat template {source.origin}: {what} encoded apart, after the stop id, is "
+            f"{tokenizer.convert_ids_to_tokens(tail_ids)}, but the tail of "
+            "apply_chat_template(tokenize=True) of the conversation is "
+            f"{tokenizer.convert_ids_to_tokens(whole_ids[-len(tail_ids) :])}: the pieces do "
+            "not meet at the stop token, so the turn cannot be encoded apart"
+        )
+
+
 def checkpoint_template(
     directory: str | pathlib.Path,
     tokenizer,
@@ -475,6 +697,7 @@ def checkpoint_template(
     system_prompt: str,
     actions_think: bool = True,
     tools: ToolCalling | None = None,
+    append_only: bool = False,
 ) -> ChatTemplate:
     """The chat template of a checkpoint directory, cut into pieces and checked (run start).
 
@@ -487,15 +710,24 @@ def checkpoint_template(
     (:func:`check_tool_turns_stable`): every action is then a call, rendered by the template
     from its ``tool_calls`` (never trimmed), so ``actions_think`` does not apply.
 
+    ``append_only``: each turn is kept as the policy saw and wrote it, so a template that
+    rewrites earlier turns (or trims actions) is taken, checked by :func:`check_append_only`;
+    with ``tools``, by :func:`check_tool_turns_append_only` (its tool turns held to the same).
+
     Raises:
       FileNotFoundError: no such directory.
       ChatTemplateError: no template, or one refused (module docstring).
     """
     source = read_chat_template(directory)
-    template = derive_template(tokenizer, source)
+    template = derive_template(tokenizer, source, append_only=append_only)
     if tools is not None:
         template = derive_tool_template(tokenizer, source, template, tools)
-        check_tool_turns_stable(template, tokenizer, source, tools, system_prompt=system_prompt)
+        check = check_tool_turns_append_only if append_only else check_tool_turns_stable
+        check(template, tokenizer, source, tools, system_prompt=system_prompt)
+        return template
+    actions = ACTIONS if actions_think else PLAIN_ACTIONS
+    if append_only:
+        check_append_only(template, tokenizer, source, system_prompt=system_prompt, actions=actions)
         return template
     if actions_think and template.strip_actions:
         raise ChatTemplateError(
@@ -506,9 +738,9 @@ def checkpoint_template(
             "constrained decoding (config.rollout.constrain_actions=True), which feeds the "
             "admissible commands stripped as the template renders them, or a template that "
             "keeps assistant content verbatim: config.model.template='qwen' or 'plain', or a "
-            "chat_template.jinja of your own beside the checkpoint's tokenizer"
+            "chat_template.jinja of your own beside the checkpoint's tokenizer; or keep each "
+            f"action as the policy wrote it: {_APPEND_ONLY}"
         )
-    actions = ACTIONS if actions_think else PLAIN_ACTIONS
     check_prefix_stable(template, tokenizer, source, system_prompt=system_prompt, actions=actions)
     return template
 
@@ -559,16 +791,7 @@ def _compare_pieces(tokenizer, source, messages, texts, ids, *, unstable, why, t
             f"chat template {source.origin} is not prefix-stable: {unstable}, first at character "
             f"{at} (in {_piece_at(texts, at)}): {_show(pieces, whole, at)}. {why} {_FIXES}"
         )
-    whole_ids = list(
-        tokenizer.apply_chat_template(
-            messages,
-            chat_template=source.text,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            tools=list(tools) if tools else None,
-        )
-    )
+    whole_ids = _render_ids(tokenizer, source, messages, tools=tools)
     piece_ids = [i for _, part in ids for i in part]
     if piece_ids != whole_ids:
         at = _first_difference(piece_ids, whole_ids)
@@ -598,6 +821,22 @@ def _assistant(content: str) -> dict[str, str]:
 
 def _encode(tokenizer, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _render_ids(tokenizer, source: TemplateSource, messages, tools=None) -> list[int]:
+    """``apply_chat_template(tokenize=True)`` of ``messages`` with the generation prompt (and
+    ``tools``): the reference ids (the template text encoded at once, its special tokens as
+    single ids)."""
+    return list(
+        tokenizer.apply_chat_template(
+            messages,
+            chat_template=source.text,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+            tools=list(tools) if tools else None,
+        )
+    )
 
 
 def _render(

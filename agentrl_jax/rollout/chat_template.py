@@ -47,6 +47,10 @@ class ChatTemplate:
         closed the call to the result, and from the result through the next generation prompt.
       tool_content: how the template writes a result: ``"verbatim"``, ``"strip"`` (trimmed) or
         ``"json"`` (as a JSON string, Llama 3.1's ``tojson``); ``""``: no tool turns.
+      append_only: the template rewrites earlier turns (drops their think blocks, or renders an
+        assistant turn without the generation prompt that opened it) and the run keeps each turn
+        as the policy saw and wrote it instead (``config.model.template_mode='append_only'``;
+        ``chat_checkpoint.check_append_only``). The pieces are the same; only the check differs.
     """
 
     name: str
@@ -63,6 +67,7 @@ class ChatTemplate:
     tool_prefix: str = ""
     tool_suffix: str = ""
     tool_content: str = ""
+    append_only: bool = False
 
     @property
     def has_tools(self) -> bool:

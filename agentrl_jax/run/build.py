@@ -527,12 +527,14 @@ def chat_template(config: RunConfig, tok) -> ChatTemplate:
         # whitespace around an action.
         actions_think=not config.rollout.constrain_actions,
         tools=tool_calling(config),
+        append_only=config.model.template_mode == "append_only",
     )
     logging.info(
-        "chat template: %s%s (stop token %r)",
+        "chat template: %s%s (stop token %r)%s",
         template.name,
         f" from {template.source}" if template.source else "",
         template.stop_token,
+        ", append-only: each turn kept as fed" if template.append_only else "",
     )
     return template
 

@@ -13,6 +13,11 @@ from agentrl_jax.run.config_checks import ConfigError
 DTYPES = ("float32", "bfloat16")
 # Chat templates (rollout/chat.py): fixed layouts, or the checkpoint's own jinja template.
 TEMPLATES = ("checkpoint", "plain", "qwen")
+# How a checkpoint's template is held to the rollout's context (rollout/chat_checkpoint.py):
+# "exact", every turn as the template renders it once later turns follow (prefix-stable), or
+# "append_only", each turn as the policy saw and wrote it, the generation prompt from the
+# template (for a template that rewrites history: Qwen3 thinking, DeepSeek-R1-Distill).
+TEMPLATE_MODES = ("exact", "append_only")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,6 +111,8 @@ class ModelSection:
     # when the run starts), "qwen" or "plain"; empty: "checkpoint" when model.checkpoint is set,
     # else "plain".
     template: str = ""
+    # "exact" or "append_only" (TEMPLATE_MODES): append-only is opt-in, for template "checkpoint"
+    template_mode: str = "exact"
     dtype: str = "float32"
     remat: str = "none"  # what each layer keeps for the backward pass: REMAT_POLICIES
     scan_layers: bool = False  # the layers as one scanned stack (ModelConfig.scan_layers)
@@ -134,6 +141,13 @@ class ModelSection:
                 "config.model.template is 'checkpoint' (the chat template of "
                 "config.model.checkpoint or config.model.tokenizer) but neither is set; expected "
                 "a checkpoint or tokenizer directory, or template 'qwen' or 'plain'"
+            )
+        checks.choice("config.model.template_mode", self.template_mode, TEMPLATE_MODES)
+        if self.template_mode == "append_only" and self.template != "checkpoint":
+            raise ConfigError(
+                f"config.model.template_mode is 'append_only' but config.model.template is "
+                f"{self.template!r}, which renders every turn as it was fed; expected template "
+                "'checkpoint' (a checkpoint's own template that rewrites earlier turns)"
             )
         checks.choice("config.model.remat", self.remat, REMAT_POLICIES)
         if not isinstance(self.scan_layers, bool):
