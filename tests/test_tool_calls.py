@@ -197,6 +197,72 @@ def test_a_template_that_renders_calls_otherwise_is_refused(tokenizers):
     assert "a call written in the 'qwen' format is not how the template renders" in str(e.value)
 
 
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_tool_calling_composes_with_append_only(tokenizers, family):
+    """Append-only with tools: the same pieces, the tool turns checked as append-only checks user
+    turns (first turn whole, each tool turn the tail of the template's rendering after the stop
+    id); a ten-turn conversation fed piece by piece is still the template's, id for id."""
+    tok, path = tokenizers[family]
+    exact = _template(tokenizers, family)
+    template = get_template(
+        "checkpoint",
+        tok,
+        directory=str(path),
+        system_prompt=SYSTEM,
+        tools=_calling(family),
+        append_only=True,
+    )
+    assert template.append_only and template.has_tools
+    assert dataclasses.replace(template, append_only=False) == exact
+    stop_id = template.stop_id(tok)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": FIRST}]
+    ids = template.system_ids(tok, SYSTEM) + template.turn_ids(tok, FIRST, first=True)
+    assert ids == _whole_ids(tok, messages)
+    for call, result in zip(CALLS, RESULTS, strict=True):
+        ids += tok.encode(_calling(family).render(call), add_special_tokens=False) + [stop_id]
+        turn = template.tool_ids(tok, result)
+        ids += turn
+        messages += [tc.assistant_message(call), {"role": "tool", "content": result}]
+        assert _whole_ids(tok, messages)[-len(turn) - 1 :] == [stop_id] + turn
+    assert ids == _whole_ids(tok, messages)
+
+
+def test_append_only_checks_the_tool_turns(tokenizers):
+    """A tool turn the template renders otherwise than the pieces is refused, naming the turn."""
+    tok, path = tokenizers["qwen2_5"]
+    source = cc.read_chat_template(path)
+    template = get_template(
+        "checkpoint",
+        tok,
+        directory=str(path),
+        system_prompt=SYSTEM,
+        tools=_calling("qwen2_5"),
+        append_only=True,
+    )
+    wrong = dataclasses.replace(template, tool_suffix=template.tool_suffix + "x")
+    with pytest.raises(cc.ChatTemplateError, match="but tool turn 1 of a conversation of 1 calls"):
+        cc.check_tool_turns_append_only(
+            wrong, tok, source, _calling("qwen2_5"), system_prompt=SYSTEM
+        )
+    # The first turn, with the tools rendered in, is held to the template's too.
+    wrong = dataclasses.replace(template, system_suffix=template.system_suffix[:-1])
+    with pytest.raises(cc.ChatTemplateError, match="append-only keeps the first turn"):
+        cc.check_tool_turns_append_only(
+            wrong, tok, source, _calling("qwen2_5"), system_prompt=SYSTEM
+        )
+    # A call in a format the template does not render is refused under append-only as well.
+    tok, path = tokenizers["llama3_1"]
+    with pytest.raises(cc.ChatTemplateError, match="is not how the template renders"):
+        get_template(
+            "checkpoint",
+            tok,
+            directory=str(path),
+            system_prompt=SYSTEM,
+            tools=tc.ToolCalling(TOOLS, tc.get_format("qwen")),
+            append_only=True,
+        )
+
+
 QWEN_BAD = [
     ('<tool_call>["bash"]</tool_call>', "the tool call is list JSON; expected an object"),
     ("I will look at the code first.", "no tool call: write one <tool_call>"),
