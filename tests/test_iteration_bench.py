@@ -42,3 +42,22 @@ def test_quick_is_the_defaults_only_and_settings_parse_as_literals():
     assert setting("rollout.system_prompt=Act.") == ("rollout.system_prompt", "Act.")
     with pytest.raises(ValueError, match="expected section.field=value"):
         setting("rollout.show_admissible")
+
+
+def test_the_benches_take_each_familys_small_presets():
+    """The device check measures every family (issue #42): the iteration bench's models are
+    presets, and each has a one-layer quick form of its own family (Gemma 3's first layer type
+    with it)."""
+    from agentrl_jax.models import registry
+    from agentrl_jax.models.config import PRESETS, preset
+
+    assert {"qwen3-0.6b", "llama3.2-1b", "gemma3-1b"} <= set(iteration.MODELS) <= set(PRESETS)
+    for name in iteration.MODELS:
+        full = preset(name)
+        quick = full.with_layers(1)
+        assert quick.num_layers == 1 and quick.family == full.family
+        assert quick.layer_types == full.layer_types[:1]
+        assert registry.family(quick) is registry.family(full)
+        assert quick.num_params < full.num_params or full.num_layers == 1
+    with pytest.raises(ValueError, match="--model='qwen3-8b': expected one of tiny, "):
+        iteration.run(quick=True, model="qwen3-8b")

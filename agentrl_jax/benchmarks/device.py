@@ -383,7 +383,7 @@ def run(quick: bool, model: str | None = None) -> Report:
     for name in sizes.presets:
         cfg = preset(name, dtype=jnp.bfloat16, param_dtype=jnp.bfloat16)
         if quick:
-            cfg = cfg.replace(num_layers=1)
+            cfg = cfg.with_layers(1)
         report.add(_sampler_row(name, cfg, sizes, peak, tbps, ref_device))
         report.add(_update_row(name, sizes, peak))
     report.facts.update(

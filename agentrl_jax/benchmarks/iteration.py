@@ -15,11 +15,13 @@ turn limit: the costliest). ``ITERATIONS`` iterations, a checkpoint every second
 last, which also evaluates on the valid games.
 
 - ``--model=tiny`` (the default): the default's own tiny policy and tokenizer, on the CPU.
-- ``--model=qwen2.5-0.5b`` / ``qwen2.5-1.5b``: a checkpoint directory of that shape with random
-  weights, written once by ``save_hf_checkpoint`` in bfloat16, with a byte-level BPE tokenizer
-  trained here on the games' text (Qwen's special tokens, ChatML): nothing is downloaded. The
-  run loads it as a user's checkpoint (``model.checkpoint``), computes in bfloat16 with scanned,
-  rematerialised layers, microbatches of 8, and the checkpoint's own (ChatML) chat template.
+- ``--model=qwen2.5-0.5b`` / ``qwen2.5-1.5b`` / ``qwen3-0.6b`` / ``qwen3-1.7b`` /
+  ``llama3.2-1b`` / ``gemma3-1b`` (``MODELS``): a checkpoint directory of that shape and family
+  with random weights, written once by ``save_hf_checkpoint`` in bfloat16, with a byte-level BPE
+  tokenizer trained here on the games' text (Qwen's special tokens, ChatML, whatever the family):
+  nothing is downloaded. The run loads it as a user's checkpoint (``model.checkpoint``), computes
+  in bfloat16 with scanned, rematerialised layers, microbatches of 8, and the checkpoint's own
+  (ChatML) chat template.
 - ``--quick``: the ``:test`` config, 3 iterations, a 1-layer checkpoint of the tiny preset: the
   plumbing, in the test suite.
 
@@ -58,7 +60,16 @@ from agentrl_jax.benchmarks.report import Report, Row
 ITERATIONS = 5
 QUICK_ITERATIONS = 3
 CONFIG = "configs/tiny_textworld.py"
-MODELS = ("tiny", "qwen2.5-0.5b", "qwen2.5-1.5b")
+# The presets a single accelerator runs whole iterations of (issue #42: each family's small ones).
+MODELS = (
+    "tiny",
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen3-0.6b",
+    "qwen3-1.7b",
+    "llama3.2-1b",
+    "gemma3-1b",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +122,8 @@ def bench_config(spec: Spec):
 
 
 def write_checkpoint(spec: Spec, directory: str) -> None:
-    """A ``spec.model``-shaped Qwen2 checkpoint with random weights and a tokenizer trained on
-    the games' text (ChatML, Qwen's special tokens), written once into ``directory``."""
+    """A ``spec.model``-shaped checkpoint (its family's) with random weights and a tokenizer
+    trained on the games' text (ChatML, Qwen's special tokens), written once into ``directory``."""
     import jax  # noqa: PLC0415
     import jax.numpy as jnp  # noqa: PLC0415
     from flax import nnx  # noqa: PLC0415

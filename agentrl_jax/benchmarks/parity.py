@@ -77,7 +77,7 @@ def run(quick: bool, model: str | None = None) -> Report:
     name = model or ("tiny" if quick else "qwen2.5-0.5b")
     cfg = preset(name)
     if quick:
-        cfg = cfg.replace(num_layers=1)
+        cfg = cfg.with_layers(1)
     batch, length = (2, 16) if quick else (4, 128)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg.vocab_size, (batch, length)).astype(np.int32)

@@ -252,6 +252,11 @@ class ModelConfig:
     def replace(self, **kwargs) -> ModelConfig:
         return dataclasses.replace(self, **kwargs)
 
+    def with_layers(self, num_layers: int) -> ModelConfig:
+        """The same family and widths with the first ``num_layers`` layers (their
+        ``layer_types`` with them): the benches' ``--quick`` model of any preset."""
+        return self.replace(num_layers=num_layers, layer_types=self.layer_types[:num_layers])
+
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
         """Per layer: whether it attends within the sliding window (all False without any)."""
