@@ -516,8 +516,10 @@ def tool_calling(config: RunConfig) -> ToolCalling | None:
 
 def chat_template(config: RunConfig, tok) -> ChatTemplate:
     """``model.template``; a checkpoint's own is cut into pieces and checked against the
-    tokenizer here, before any model is built (rollout/chat_checkpoint.py). With an env that
-    offers tools (``tool_calling``), derived with them and checked on tool turns."""
+    tokenizer here, before any model is built (rollout/chat_checkpoint.py): prefix-stable, or
+    under ``model.template_mode='append_only'`` its first turn, stop token and piece boundaries.
+    With an env that offers tools (``tool_calling``), derived with them and checked on tool turns
+    (in either mode)."""
     template = get_template(
         config.model.template,
         tok,
