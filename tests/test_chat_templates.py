@@ -19,7 +19,9 @@ import pytest
 from agentrl_jax.envs.actors import StepResult
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.rollout import chat_checkpoint as cc
+from agentrl_jax.rollout import chat_probe as probe
 from agentrl_jax.rollout.chat import TEMPLATES, get_template
+from agentrl_jax.rollout.chat_probe import ChatTemplateError
 from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
 from agentrl_jax.run.config import ConfigError, from_config_dict
 
@@ -237,7 +239,7 @@ def test_llama3_trims_actions_so_free_decoding_is_refused(tokenizers, family):
     fed += tok.encode("go north\n", add_special_tokens=False) + [stop_id]
     fed += template.turn_ids(tok, "ok", first=False)
     assert fed != _whole_ids(tok, _conversation(["look", "ok"], ["go north\n"]))
-    with pytest.raises(cc.ChatTemplateError) as e:
+    with pytest.raises(ChatTemplateError) as e:
         get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
     message = str(e.value)
     assert (
@@ -290,7 +292,7 @@ def test_whitespace_is_probed_in_assistant_turns_apart_from_the_others(tmp_path)
     assert template.strip_content and not template.strip_actions
     tok = ct.make_tokenizer_dir("qwen2_5", tmp_path / "actions", template=_trimming("assistant"))
     directory = str(tmp_path / "actions")
-    with pytest.raises(cc.ChatTemplateError, match="strips the whitespace around assistant"):
+    with pytest.raises(ChatTemplateError, match="strips the whitespace around assistant"):
         get_template("checkpoint", tok, directory=directory, system_prompt=SYSTEM)
     template = get_template(
         "checkpoint", tok, directory=directory, system_prompt=SYSTEM, actions_think=False
@@ -300,7 +302,7 @@ def test_whitespace_is_probed_in_assistant_turns_apart_from_the_others(tmp_path)
 
 def test_qwen3_is_refused_where_it_drops_earlier_think_blocks(tokenizers):
     tok, path = tokenizers["qwen3"]
-    with pytest.raises(cc.ChatTemplateError) as e:
+    with pytest.raises(ChatTemplateError) as e:
         get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
     message = str(e.value)
     assert str(path / "chat_template.jinja") in message
@@ -318,11 +320,15 @@ def test_qwen3_is_refused_where_it_drops_earlier_think_blocks(tokenizers):
     assert derived == dataclasses.replace(
         TEMPLATES["qwen"], name="checkpoint", source=source.origin
     )
-    plain = [a for a in cc.ACTIONS if "<think>" not in a]
+    plain = [a for a in probe.ACTIONS if "<think>" not in a]
     cc.check_prefix_stable(
-        derived, tok, source, system_prompt=SYSTEM, observations=cc.OBSERVATIONS[: len(plain) + 1],
+        derived,
+        tok,
+        source,
+        system_prompt=SYSTEM,
+        observations=probe.OBSERVATIONS[: len(plain) + 1],
         actions=plain,
-    )  # fmt: skip
+    )
     assert tok.encode("<think>", add_special_tokens=False) == [tok.convert_tokens_to_ids("<think>")]
 
 
@@ -333,7 +339,7 @@ def test_qwen3_without_thinking_is_refused_where_its_generation_prompt_is_droppe
         "enable_thinking is defined and enable_thinking is false", "true"
     )
     tok = ct.make_tokenizer_dir("qwen3", tmp_path, template=no_think)
-    with pytest.raises(cc.ChatTemplateError) as e:
+    with pytest.raises(ChatTemplateError) as e:
         get_template("checkpoint", tok, directory=str(tmp_path), system_prompt=SYSTEM)
     message = str(e.value)
     assert "is not prefix-stable: the generation prompt is not how the template renders" in message
@@ -344,7 +350,7 @@ def test_a_newline_run_split_by_the_pre_tokenizer_is_refused_at_the_token_level(
     """Llama 3's generation prompt ends in "\\n\\n"; GPT-2's split keeps it whole when it is
     encoded alone, and splits it before the action's first word in the whole text."""
     tok, path = tokenizers["llama3_gpt2_split"]
-    with pytest.raises(cc.ChatTemplateError) as e:  # constrained: Llama 3 trims actions
+    with pytest.raises(ChatTemplateError) as e:  # constrained: Llama 3 trims actions
         get_template(
             "checkpoint", tok, directory=str(path), system_prompt=SYSTEM, actions_think=False
         )
@@ -366,7 +372,7 @@ SPACE_PROMPT = (
 
 def test_a_generation_prompt_ending_in_a_space_is_refused_at_the_token_level(tmp_path):
     tok = ct.make_tokenizer_dir("qwen2_5", tmp_path, template=SPACE_PROMPT)
-    with pytest.raises(cc.ChatTemplateError) as e:
+    with pytest.raises(ChatTemplateError) as e:
         get_template("checkpoint", tok, directory=str(tmp_path), system_prompt=SYSTEM)
     message = str(e.value)
     assert "the text is prefix-stable but the token ids are not" in message
@@ -431,7 +437,7 @@ def test_a_generation_prompt_ending_in_a_space_is_refused_at_the_token_level(tmp
 )
 def test_unusable_templates_are_refused_naming_the_template(tmp_path, template, expected):
     tok = ct.make_tokenizer_dir("qwen2_5", tmp_path, template=template)
-    with pytest.raises(cc.ChatTemplateError, match=r"chat template .*chat_template\.jinja") as e:
+    with pytest.raises(ChatTemplateError, match=r"chat template .*chat_template\.jinja") as e:
         get_template("checkpoint", tok, directory=str(tmp_path), system_prompt=SYSTEM)
     assert expected in str(e.value)
 
@@ -467,7 +473,7 @@ def test_a_directory_without_a_template_is_an_error_naming_it(tokenizers, tmp_pa
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     config.pop("chat_template", None)
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
-    with pytest.raises(cc.ChatTemplateError, match=f"no chat template in {tmp_path}: expected "):
+    with pytest.raises(ChatTemplateError, match=f"no chat template in {tmp_path}: expected "):
         cc.read_chat_template(tmp_path)
     with pytest.raises(FileNotFoundError, match="missing does not exist"):
         cc.read_chat_template(tmp_path / "missing")
@@ -521,7 +527,7 @@ def test_a_run_takes_qwen3_and_llama3_under_constrained_decoding_only(tokenizers
     template = build.chat_template(from_config_dict(cd), tok)
     assert template.name == "checkpoint" and template.stop_token == STOP[family]
     cd.rollout.constrain_actions = False
-    with pytest.raises(cc.ChatTemplateError, match=refused):
+    with pytest.raises(ChatTemplateError, match=refused):
         build.chat_template(from_config_dict(cd), tok)
 
 
@@ -535,7 +541,7 @@ def test_deepseek_r1_distill_is_refused_naming_the_append_only_opt_in(tokenizers
     (with the reasoning before </think>): not prefix-stable, and the refusal names the opt-in."""
     tok, path = tokenizers[DEEPSEEK]
     for actions_think in (True, False):
-        with pytest.raises(cc.ChatTemplateError) as e:
+        with pytest.raises(ChatTemplateError) as e:
             get_template(
                 "checkpoint",
                 tok,
@@ -551,10 +557,10 @@ def test_deepseek_r1_distill_is_refused_naming_the_append_only_opt_in(tokenizers
 
 def test_the_refusals_of_rewriting_templates_name_the_append_only_opt_in(tokenizers):
     tok, path = tokenizers["qwen3"]  # drops earlier think blocks: refused at action 4
-    with pytest.raises(cc.ChatTemplateError, match="template_mode='append_only'"):
+    with pytest.raises(ChatTemplateError, match="template_mode='append_only'"):
         get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
     tok, path = tokenizers["llama3_1"]  # trims actions: refused under free decoding
-    with pytest.raises(cc.ChatTemplateError, match="template_mode='append_only'"):
+    with pytest.raises(ChatTemplateError, match="template_mode='append_only'"):
         get_template("checkpoint", tok, directory=str(path), system_prompt=SYSTEM)
 
 
@@ -695,7 +701,7 @@ SPACED_SYSTEM = (
 )
 def test_append_only_refuses_what_it_can_check(tmp_path, template, expected):
     tok = ct.make_tokenizer_dir("qwen2_5", tmp_path, template=template)
-    with pytest.raises(cc.ChatTemplateError) as e:
+    with pytest.raises(ChatTemplateError) as e:
         get_template(
             "checkpoint", tok, directory=str(tmp_path), system_prompt=SYSTEM, append_only=True
         )
@@ -717,7 +723,7 @@ def test_config_template_mode_is_opt_in_and_reaches_the_run(tokenizers):
     cd = tiny_textworld.get_config()
     cd.model.tokenizer, cd.model.template = str(path), "checkpoint"
     cd.rollout.constrain_actions = False
-    with pytest.raises(cc.ChatTemplateError, match="template_mode='append_only'"):
+    with pytest.raises(ChatTemplateError, match="template_mode='append_only'"):
         build.chat_template(from_config_dict(cd), tok)
     cd.model.template_mode = "append_only"
     template = build.chat_template(from_config_dict(cd), tok)

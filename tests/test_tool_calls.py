@@ -27,9 +27,11 @@ from agentrl_jax.envs.swe import toy_package
 from agentrl_jax.envs.swe.env import SweEnv
 from agentrl_jax.envs.swe.tasks import load_jsonl
 from agentrl_jax.models import registry as model_registry
+from agentrl_jax.rollout import chat_append_only
 from agentrl_jax.rollout import chat_checkpoint as cc
 from agentrl_jax.rollout import tool_calls as tc
 from agentrl_jax.rollout.chat import get_template
+from agentrl_jax.rollout.chat_probe import ChatTemplateError
 from agentrl_jax.rollout.rollout import RolloutConfig, RolloutWorker, render_observation
 from agentrl_jax.run import build
 from agentrl_jax.run.config import ConfigError, from_config_dict
@@ -186,7 +188,7 @@ def test_fixed_layouts_cannot_render_tools():
 def test_a_template_that_renders_calls_otherwise_is_refused(tokenizers):
     """Llama 3.1's template with the Qwen format: the call is not how the template renders it."""
     tok, path = tokenizers["llama3_1"]
-    with pytest.raises(cc.ChatTemplateError) as e:
+    with pytest.raises(ChatTemplateError) as e:
         get_template(
             "checkpoint",
             tok,
@@ -240,19 +242,19 @@ def test_append_only_checks_the_tool_turns(tokenizers):
         append_only=True,
     )
     wrong = dataclasses.replace(template, tool_suffix=template.tool_suffix + "x")
-    with pytest.raises(cc.ChatTemplateError, match="but tool turn 1 of a conversation of 1 calls"):
-        cc.check_tool_turns_append_only(
+    with pytest.raises(ChatTemplateError, match="but tool turn 1 of a conversation of 1 calls"):
+        chat_append_only.check_tool_turns_append_only(
             wrong, tok, source, _calling("qwen2_5"), system_prompt=SYSTEM
         )
     # The first turn, with the tools rendered in, is held to the template's too.
     wrong = dataclasses.replace(template, system_suffix=template.system_suffix[:-1])
-    with pytest.raises(cc.ChatTemplateError, match="append-only keeps the first turn"):
-        cc.check_tool_turns_append_only(
+    with pytest.raises(ChatTemplateError, match="append-only keeps the first turn"):
+        chat_append_only.check_tool_turns_append_only(
             wrong, tok, source, _calling("qwen2_5"), system_prompt=SYSTEM
         )
     # A call in a format the template does not render is refused under append-only as well.
     tok, path = tokenizers["llama3_1"]
-    with pytest.raises(cc.ChatTemplateError, match="is not how the template renders"):
+    with pytest.raises(ChatTemplateError, match="is not how the template renders"):
         get_template(
             "checkpoint",
             tok,

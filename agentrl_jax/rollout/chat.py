@@ -81,11 +81,11 @@ def get_template(
         actions, Llama 3's, is then exact; under free decoding it is refused).
       append_only: keep each turn as the policy saw and wrote it, the generation prompt from the
         template, for a template that rewrites history (``"checkpoint"`` only;
-        ``chat_checkpoint.check_append_only``).
+        ``chat_append_only.check_append_only``).
 
     Raises:
       ValueError: an unknown name; ``"checkpoint"`` without a tokenizer or directory; a
-        checkpoint template that cannot be used (``chat_checkpoint.ChatTemplateError``).
+        checkpoint template that cannot be used (``chat_probe.ChatTemplateError``).
     """
     if name == CHECKPOINT:
         if tokenizer is None or not directory:

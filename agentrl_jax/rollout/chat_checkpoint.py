@@ -55,26 +55,10 @@ tool turn, so Qwen3's template keeps every think block (it drops only those befo
 query); the calls are each format's ``render`` of them, as the template writes ``tool_calls``.
 
 **Append-only** (``checkpoint_template(..., append_only=True)``, ``config.model.template_mode=
-'append_only'``, opt-in): for a template that rewrites history, Qwen3's thinking mode (earlier
-think blocks dropped) or DeepSeek-R1-Distill's (the generation prompt opens ``<think>\\n``, which
-the earlier assistant turns it renders leave out, with their reasoning). The run keeps each turn
-exactly as the policy saw and wrote it: the rollout feeds the same pieces, and the context at turn
-k is every earlier turn as it was fed then, never the template's rewrite of it. Only the newest
-turn and its generation prompt come from the template, as a server that renders the conversation
-for turn k would give them. :func:`check_append_only` verifies what such a context can be checked
-against: the first turn (system piece, first user turn and generation prompt) equal to the
-template's, as text and ids; the stop token (one id) closing the previous action in the
-template's rendering of every later turn; and the piece after it, the next user turn with the
-generation prompt, encoded apart equal to the tail of ``apply_chat_template(tokenize=True)``: the
-pieces meet at the special stop token. Serving such a policy must feed it the same way (docs/
-models.md, "Templates that rewrite history").
-
-The two compose: with tools and append-only (``checkpoint_template(..., tools=...,
-append_only=True)``), the call is read after the template's rendering of it wherever that starts,
-and :func:`check_tool_turns_append_only` holds the tool turns to the same checks as
-:func:`check_append_only` holds user turns: the first turn (with the tools rendered in) as the
-template renders it, and each tool result with the generation prompt after the stop id, as the
-tail of the template's rendering, text and ids.
+'append_only'``, opt-in), for a template that rewrites history (Qwen3 thinking, DeepSeek-R1-
+Distill): each turn kept as the policy saw and wrote it, checked by ``rollout/chat_append_only.py``
+(with tools too). The probe conversation, :class:`ChatTemplateError` and the rendering and
+comparison of pieces that every check uses are ``rollout/chat_probe.py``'s.
 """
 
 from __future__ import annotations
@@ -84,6 +68,26 @@ import json
 import pathlib
 from collections.abc import Sequence
 
+from agentrl_jax.rollout.chat_append_only import check_append_only, check_tool_turns_append_only
+from agentrl_jax.rollout.chat_probe import (
+    _ACTION1,
+    _SYSTEM,
+    _USER1,
+    _USER2,
+    ACTIONS,
+    OBSERVATIONS,
+    PLAIN_ACTIONS,
+    ChatTemplateError,
+    TemplateSource,
+    _assistant,
+    _compare_pieces,
+    _encode,
+    _probe_calls,
+    _render,
+    _split_once,
+    _unstable,
+    _user,
+)
 from agentrl_jax.rollout.chat_template import ChatTemplate
 from agentrl_jax.rollout.tool_calls import ToolCall, ToolCalling, assistant_message
 
@@ -93,68 +97,12 @@ CHECKPOINT = "checkpoint"  # the name of the template a checkpoint's own becomes
 JINJA_FILE = "chat_template.jinja"
 JSON_FILES = ("tokenizer_config.json", "chat_template.json")
 
-# Sentinel contents: single words no template trims, escapes or splits.
-_SYSTEM, _USER1, _ACTION1, _USER2 = "SYSTEMxQ7", "USERxQ7a", "ACTIONxQ7", "USERxQ7b"
+# Sentinel contents for the tool turn and for whitespace (the rest: chat_probe.py).
 _TOOL = "TOOLxQ7"
 _TOOL_WIDE = ' TOOLxQ7 "quoted"\n\ttab \\ end\n'  # how a template writes a result
 _PAD = " \n"  # whitespace around a sentinel, to see whether the template strips content
 
-# The conversation the check renders: env-like observations (newlines, runs of spaces, digits,
-# unicode, whitespace at either end) and actions as a policy writes them (one with a think block,
-# which a template that rewrites reasoning in earlier turns changes).
-OBSERVATIONS = (
-    "-= Kitchen =-\nYou are in a kitchen. There is a closed fridge and a wooden table here.\n\n"
-    "Admissible commands: open fridge, go north, look",
-    "You open the fridge, revealing 2 red apples and 12 eggs.",
-    " Your score has just gone up by 1 point.\n",
-    "\nYou are carrying:\n  a brass key\n  a loaf of bread",
-    "-= Corridor =-\n\n\nExits: north, south. There is a locked door here.",
-    "You arrive at countertop 1. On the countertop 1, you see a mug 2, and a knife 1.",
-    "Nothing happens.  ",
-    "Ünïcödé signs: ∑ ≥ 😀 — “quoted” text.",
-    "Your task is to: put a clean mug in coffeemachine.\t",
-    "> look\nYou see nothing special.",
-    "*** The End *** You scored 3 out of a possible 3, in 10 turns.",
-)
-ACTIONS = (
-    "open fridge",
-    "take red apple from fridge",
-    "go north",
-    "<think>\nThe door is locked; the brass key opens it.\n</think>\n\nunlock door with brass key",
-    "inventory",
-    "take mug 2 from countertop 1",
-    "look",
-    "examine ∑",
-    "put mug 2 in/on coffeemachine 1",
-    "go south",
-)
-
-# The probe's actions as a policy under constrained decoding writes them: no think block.
-PLAIN_ACTIONS = tuple(a.split("</think>")[-1].strip() for a in ACTIONS)
-
-_FIXES = (
-    "Use a template that renders every turn once, as it was fed: config.model.template='qwen' for "
-    "a ChatML checkpoint (Qwen2.5, Qwen3), or a chat_template.jinja of your own beside the "
-    "checkpoint's tokenizer. A template that only drops think blocks is exact for a policy that "
-    "writes none: constrained decoding (config.rollout.constrain_actions=True) checks it so. Or "
-    "opt in to keeping each turn exactly as the policy saw and wrote it, with the generation "
-    "prompt from the template (Qwen3 thinking, DeepSeek-R1-Distill): "
-    "config.model.template_mode='append_only' (docs/models.md says what serving such a policy "
-    "must then reproduce)."
-)
 _APPEND_ONLY = "config.model.template_mode='append_only'"
-
-
-class ChatTemplateError(ValueError):
-    """A checkpoint's chat template cannot be used; the message names it and says where."""
-
-
-@dataclasses.dataclass(frozen=True)
-class TemplateSource:
-    """A chat template's jinja text and the file it was read from (``origin``, for messages)."""
-
-    text: str
-    origin: str
 
 
 def read_chat_template(directory: str | pathlib.Path) -> TemplateSource:
@@ -520,176 +468,6 @@ def check_tool_turns_stable(
     )
 
 
-def check_append_only(
-    template: ChatTemplate,
-    tokenizer,
-    source: TemplateSource,
-    *,
-    system_prompt: str,
-    observations: Sequence[str] = OBSERVATIONS,
-    actions: Sequence[str] = ACTIONS,
-) -> None:
-    """Checks what an append-only context shares with the template (module docstring).
-
-    The context a rollout keeps is every turn as it was fed and sampled; the template may render
-    the earlier ones otherwise (that is why the run opted in), so only these are compared:
-
-    - the first turn: the system piece and the first user turn with the generation prompt equal
-      ``apply_chat_template([system, user], add_generation_prompt=True)``, as text and as ids;
-    - every later turn k: the template's rendering of the conversation up to observation k with
-      the generation prompt (what a server renders to ask for action k) ends with the stop token
-      and then exactly ``template.turn_text`` of observation k: the previous action is closed by
-      the stop id the sampler stops on, and the turn and its generation prompt are the template's;
-    - where the pieces meet: that turn's ids encoded apart, after the stop id, are the tail of
-      ``apply_chat_template(tokenize=True)`` of the same conversation (no merge across the stop
-      token, which is special).
-
-    Args:
-      template: the pieces (:func:`derive_template` with ``append_only=True``).
-      tokenizer: the checkpoint's tokenizer.
-      source: the template's text and origin.
-      system_prompt: the run's system prompt.
-      observations: ``len(actions) + 1`` user messages.
-      actions: the assistant messages (as a policy writes them; the template may rewrite them).
-
-    Raises:
-      ChatTemplateError: a turn differs; the message names it and shows both sides.
-    """
-    if len(observations) != len(actions) + 1:
-        raise ValueError(
-            f"{len(actions)} actions need {len(actions) + 1} observations; got {len(observations)}"
-        )
-    messages = _check_first_turn(template, tokenizer, source, system_prompt, observations[0])
-    for k, obs in enumerate(observations[1:], start=1):
-        messages += [_assistant(actions[k - 1]), _user(obs)]
-        _check_newest_turn(
-            template,
-            tokenizer,
-            source,
-            messages,
-            f"user turn {k + 1} of a {k + 1}-turn conversation",
-            template.turn_text(obs, first=False),
-            template.turn_ids(tokenizer, obs, first=False),
-        )
-
-
-def check_tool_turns_append_only(
-    template: ChatTemplate,
-    tokenizer,
-    source: TemplateSource,
-    tools: ToolCalling,
-    *,
-    system_prompt: str,
-    first_observation: str = OBSERVATIONS[0],
-    calls: Sequence[ToolCall] | None = None,
-    results: Sequence[str] = OBSERVATIONS[1:],
-) -> None:
-    """:func:`check_append_only` for tool calling: the same checks, the later turns tool turns.
-
-    The first turn (system piece and first user turn, the tools rendered in, with the generation
-    prompt) is compared whole with ``apply_chat_template([system, user], tools=...)``, as text and
-    ids; after each call (``tools.render``, rendered by the template from ``tool_calls``), the
-    template's rendering of the conversation up to its ``tool`` result must end with the stop
-    token and then exactly ``template.tool_text`` of the result, and the ids likewise.
-
-    Args:
-      template: the tool template (:func:`derive_tool_template` of an append-only base).
-      tokenizer, source: the checkpoint's tokenizer and template.
-      tools: the run's tools and call format.
-      system_prompt: the run's system prompt.
-      first_observation: the user message.
-      calls: the calls (default: ``len(results)`` calls of the tools, as
-        :func:`check_tool_turns_stable` makes them).
-      results: the tool results, one per call.
-
-    Raises:
-      ChatTemplateError: a turn differs; the message names it and shows both sides.
-    """
-    calls = list(calls) if calls is not None else _probe_calls(tools.tools, len(results))
-    if len(calls) != len(results):
-        raise ValueError(f"{len(calls)} calls need {len(calls)} results; got {len(results)}")
-    messages = _check_first_turn(
-        template, tokenizer, source, system_prompt, first_observation, tools=tools.tools
-    )
-    for k, (call, result) in enumerate(zip(calls, results, strict=True)):
-        messages += [assistant_message(call), {"role": "tool", "content": result}]
-        _check_newest_turn(
-            template,
-            tokenizer,
-            source,
-            messages,
-            f"tool turn {k + 1} of a conversation of {k + 1} calls",
-            template.tool_text(result),
-            template.tool_ids(tokenizer, result),
-            tools=tools.tools,
-        )
-
-
-def _check_first_turn(
-    template: ChatTemplate,
-    tokenizer,
-    source: TemplateSource,
-    system_prompt: str,
-    observation: str,
-    tools=None,
-) -> list[dict]:
-    """Append-only's first check: the system piece and the first user turn with the generation
-    prompt are the template's rendering of them, as text and ids. Returns the messages."""
-    messages = [{"role": "system", "content": system_prompt}, _user(observation)]
-    fed = template.system_text(system_prompt) + template.turn_text(observation, first=True)
-    whole = _render(tokenizer, source, messages, generation_prompt=True, tools=tools)
-    if fed != whole:
-        at = _first_difference(fed, whole)
-        raise ChatTemplateError(
-            f"chat template {source.origin}: append-only keeps the first turn as the template "
-            "renders it, but the system piece and the first user turn with the generation prompt "
-            f"differ from apply_chat_template of [system, user], first at character {at}: "
-            f"{_show(fed, whole, at, ('pieces', 'template'))}"
-        )
-    fed_ids = template.system_ids(tokenizer, system_prompt)
-    fed_ids += template.turn_ids(tokenizer, observation, first=True)
-    whole_ids = _render_ids(tokenizer, source, messages, tools=tools)
-    if fed_ids != whole_ids:
-        at = _first_difference(fed_ids, whole_ids)
-        raise ChatTemplateError(
-            f"chat template {source.origin}: the first turn's text is the template's but its "
-            f"ids encoded piece by piece differ from apply_chat_template(tokenize=True), first at "
-            f"id {at}: pieces {tokenizer.convert_ids_to_tokens(fed_ids[at : at + 4])}, whole "
-            f"{tokenizer.convert_ids_to_tokens(whole_ids[at : at + 4])}: the system piece and the "
-            "first user turn do not meet at a special token"
-        )
-    return messages
-
-
-def _check_newest_turn(
-    template: ChatTemplate, tokenizer, source: TemplateSource, messages, what, text, ids, tools=None
-) -> None:
-    """Append-only's check of a later turn (``what``, fed as ``text`` and ``ids``): the template's
-    rendering of ``messages`` with the generation prompt ends with the stop token and ``text``,
-    and its ids with the stop id and ``ids``."""
-    tail = template.stop_token + text
-    whole = _render(tokenizer, source, messages, generation_prompt=True, tools=tools)
-    if not whole.endswith(tail):
-        ends = whole[max(0, len(whole) - len(tail) - 40) :]
-        raise ChatTemplateError(
-            f"chat template {source.origin}: append-only feeds each later turn as the "
-            f"template renders the newest one, after the stop token {template.stop_token!r} "
-            f"that closes the previous action, but {what} rendered by apply_chat_template ends "
-            f"{ends!r}, not {tail!r}: the template renders a later turn, or the text between an "
-            "action and it, otherwise than the first ones (no fixed pieces to feed)"
-        )
-    tail_ids = [template.stop_id(tokenizer)] + list(ids)
-    whole_ids = _render_ids(tokenizer, source, messages, tools=tools)
-    if whole_ids[-len(tail_ids) :] != tail_ids:
-        raise ChatTemplateError(
-            f"chat template {source.origin}: {what} encoded apart, after the stop id, is "
-            f"{tokenizer.convert_ids_to_tokens(tail_ids)}, but the tail of "
-            "apply_chat_template(tokenize=True) of the conversation is "
-            f"{tokenizer.convert_ids_to_tokens(whole_ids[-len(tail_ids) :])}: the pieces do "
-            "not meet at the stop token, so the turn cannot be encoded apart"
-        )
-
-
 def checkpoint_template(
     directory: str | pathlib.Path,
     tokenizer,
@@ -745,117 +523,7 @@ def checkpoint_template(
     return template
 
 
-# Argument values of each JSON type for the probe's calls: text as an agent writes it.
-_PROBE_VALUES = {
-    "string": (
-        "src/pkg/core.py",
-        'grep -rn "def insert" src/ | head -5\necho done',
-        "    return a <= b\n",
-        "Ünïcödé ∑ ≥ 😀 — “quoted” \\ backslash\ttab",
-    ),
-    "integer": (0, 12, 7, 240),
-    "number": (1.5, 0, -2.25, 10),
-    "boolean": (True, False, True, False),
-    "array": (["a", 1], [], ["x"], [True]),
-    "object": ({"k": "v"}, {}, {"n": 2}, {"a": [1]}),
-}
-
-
-def _probe_calls(tools: Sequence[dict], count: int) -> list[ToolCall]:
-    """``count`` calls of ``tools`` in turn, every declared argument given a value of its type."""
-    calls = []
-    for k in range(count):
-        fn = tools[k % len(tools)].get("function", tools[k % len(tools)])
-        props = (fn.get("parameters") or {}).get("properties", {})
-        arguments = {}
-        for j, (name, schema) in enumerate(props.items()):
-            kind = schema.get("type", "string")
-            kind = kind[0] if isinstance(kind, list) else kind
-            values = schema.get("enum") or _PROBE_VALUES.get(kind, _PROBE_VALUES["string"])
-            arguments[name] = values[(k + j) % len(values)]
-        calls.append(ToolCall(fn["name"], arguments))
-    return calls
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _compare_pieces(tokenizer, source, messages, texts, ids, *, unstable, why, tools=None):
-    """Raises ChatTemplateError where the pieces (``texts``, ``ids``: (label, piece) pairs) are
-    not ``messages`` rendered whole (with the generation prompt), as text, then id for id."""
-    whole = _render(tokenizer, source, messages, generation_prompt=True, tools=tools)
-    pieces = "".join(text for _, text in texts)
-    if pieces != whole:
-        at = _first_difference(pieces, whole)
-        raise ChatTemplateError(
-            f"chat template {source.origin} is not prefix-stable: {unstable}, first at character "
-            f"{at} (in {_piece_at(texts, at)}): {_show(pieces, whole, at)}. {why} {_FIXES}"
-        )
-    whole_ids = _render_ids(tokenizer, source, messages, tools=tools)
-    piece_ids = [i for _, part in ids for i in part]
-    if piece_ids != whole_ids:
-        at = _first_difference(piece_ids, whole_ids)
-        window = slice(max(0, at - 3), at + 4)
-        raise ChatTemplateError(
-            f"chat template {source.origin}: the text is prefix-stable but the token ids are not: "
-            f"the pieces encoded one at a time ({len(piece_ids)} ids) differ from "
-            f"apply_chat_template(tokenize=True) of the whole conversation ({len(whole_ids)} "
-            f"ids), first at id {at} (in {_piece_at(ids, at)}): pieces "
-            f"{tokenizer.convert_ids_to_tokens(piece_ids[window])}, whole "
-            f"{tokenizer.convert_ids_to_tokens(whole_ids[window])} (ids from {window.start}). "
-            "The tokenizer merges characters across a piece boundary (a generation prompt ending "
-            "in whitespace that the action's first token absorbs, or a pre-tokenizer that splits "
-            "a run of newlines by what follows), so the pieces cannot be encoded apart. Use a "
-            "template whose pieces meet at special tokens: config.model.template='qwen' or "
-            "'plain', or a chat_template.jinja of your own beside the checkpoint's tokenizer."
-        )
-
-
-def _user(content: str) -> dict[str, str]:
-    return {"role": "user", "content": content}
-
-
-def _assistant(content: str) -> dict[str, str]:
-    return {"role": "assistant", "content": content}
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    return list(tokenizer.encode(text, add_special_tokens=False))
-
-
-def _render_ids(tokenizer, source: TemplateSource, messages, tools=None) -> list[int]:
-    """``apply_chat_template(tokenize=True)`` of ``messages`` with the generation prompt (and
-    ``tools``): the reference ids (the template text encoded at once, its special tokens as
-    single ids)."""
-    return list(
-        tokenizer.apply_chat_template(
-            messages,
-            chat_template=source.text,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=False,
-            tools=list(tools) if tools else None,
-        )
-    )
-
-
-def _render(
-    tokenizer, source: TemplateSource, messages, generation_prompt: bool, tools=None
-) -> str:
-    try:
-        return tokenizer.apply_chat_template(
-            messages,
-            chat_template=source.text,
-            add_generation_prompt=generation_prompt,
-            tokenize=False,
-            tools=list(tools) if tools else None,
-        )
-    except Exception as e:  # A template is user code: any failure names it and the conversation.
-        roles = [m["role"] for m in messages]
-        raise ChatTemplateError(
-            f"chat template {source.origin} failed to render the conversation {roles} "
-            f"(add_generation_prompt={generation_prompt}): {type(e).__name__}: {e}"
-        ) from e
+# ------------------------------------------------------------------------ helpers
 
 
 def _strips_content(tokenizer, source: TemplateSource) -> tuple[bool, bool]:
@@ -897,17 +565,6 @@ def _strips_content(tokenizer, source: TemplateSource) -> tuple[bool, bool]:
     return strips["user"], strips["assistant"]
 
 
-def _split_once(source: TemplateSource, text: str, word: str, what: str) -> tuple[str, str]:
-    """``text`` before and after the one occurrence of sentinel ``word``."""
-    if text.count(word) != 1:
-        raise ChatTemplateError(
-            f"chat template {source.origin}: rendering {what} shows the message content "
-            f"{text.count(word)} times in {text!r}; expected it once"
-        )
-    before, after = text.split(word)
-    return before, after
-
-
 def _stop_token(tokenizer, source: TemplateSource, closing: str) -> str:
     """The token that closes an assistant turn: the tokenizer's longest added token that the
     text after the action starts with (``<|im_end|>``, ``<|eot_id|>``), one id."""
@@ -926,34 +583,3 @@ def _stop_token(tokenizer, source: TemplateSource, closing: str) -> str:
             f"{_encode(tokenizer, stop)}; expected one id"
         )
     return stop
-
-
-def _unstable(source: TemplateSource, what: str, before: str, after: str) -> ChatTemplateError:
-    at = _first_difference(before, after)
-    return ChatTemplateError(
-        f"chat template {source.origin} is not prefix-stable: {what}, first at character {at}: "
-        f"{_show(before, after, at, ('fed', 'rendered later'))}. {_FIXES}"
-    )
-
-
-def _first_difference(a: Sequence, b: Sequence) -> int:
-    """The first index where ``a`` and ``b`` differ (the shorter one's length if one is a prefix
-    of the other)."""
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-
-
-def _piece_at(pieces: list[tuple[str, Sequence]], at: int) -> str:
-    """The label of the piece that holds position ``at`` of the pieces concatenated."""
-    start = 0
-    for label, part in pieces:
-        if at < start + len(part):
-            return f"{label}, at {at - start} of its {len(part)}"
-        start += len(part)
-    return "the end of the pieces"
-
-
-def _show(a: str, b: str, at: int, names: tuple[str, str] = ("turn by turn", "whole")) -> str:
-    return (
-        f"after {a[max(0, at - 40) : at]!r}, {names[0]} {a[at : at + 40]!r} but {names[1]} "
-        f"{b[at : at + 40]!r}"
-    )

@@ -50,7 +50,7 @@ class ChatTemplate:
       append_only: the template rewrites earlier turns (drops their think blocks, or renders an
         assistant turn without the generation prompt that opened it) and the run keeps each turn
         as the policy saw and wrote it instead (``config.model.template_mode='append_only'``;
-        ``chat_checkpoint.check_append_only``). The pieces are the same; only the check differs.
+        ``chat_append_only.check_append_only``). The pieces are the same; only the check differs.
     """
 
     name: str

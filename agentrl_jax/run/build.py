@@ -42,7 +42,8 @@ from agentrl_jax.rollout import tasks as tasks_lib
 from agentrl_jax.rollout import tool_calls
 from agentrl_jax.rollout.chat import get_template
 from agentrl_jax.rollout.chat_template import ChatTemplate
-from agentrl_jax.rollout.rollout import Episode, RolloutWorker, play_wave, render_observation
+from agentrl_jax.rollout.play import Episode, play_wave
+from agentrl_jax.rollout.rollout import RolloutWorker, render_observation
 from agentrl_jax.rollout.tool_calls import ToolCalling
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import logs, multihost, workdir_config
