@@ -124,11 +124,13 @@ def main(argv):
     if changes:
         logging.warning("config changed since the workdir's last run: %s", changes)
 
+    from agentrl_jax.experiments.evaluate import plot_learning_curve
     from agentrl_jax.run.multihost import DisagreementError
     from agentrl_jax.run.trainer import Trainer
 
     try:
-        trainer = Trainer(config, _WORKDIR.value)
+        # The curve a W&B run shows when RL ends (config.logging.wandb), drawn by experiments/.
+        trainer = Trainer(config, _WORKDIR.value, learning_curve=plot_learning_curve)
     except DisagreementError as e:
         cli.fail(f"multi-host error: {e}")
     try:

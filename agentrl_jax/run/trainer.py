@@ -29,7 +29,7 @@ import io
 import os
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
@@ -115,10 +115,23 @@ def iteration_summary(iteration: int, total: int, metrics: dict[str, float]) -> 
 
 
 class Trainer:
-    """Runs SFT then RL for a RunConfig in ``workdir`` (TensorBoard, checkpoints, reports)."""
+    """Runs SFT then RL for a RunConfig in ``workdir`` (TensorBoard, checkpoints, reports).
 
-    def __init__(self, config: RunConfig, workdir: str):
+    ``learning_curve``: ``(tensorboard logdir, PNG path) -> anything``, the plot of the run's
+    learning curve that a run with ``config.logging.wandb`` on sends to W&B when its RL phase
+    ends (``launch.train`` passes ``experiments.evaluate.plot_learning_curve``: learning curves
+    are a layer above the trainer's, tests/test_layers.py). None: no curve is drawn.
+    """
+
+    def __init__(
+        self,
+        config: RunConfig,
+        workdir: str,
+        *,
+        learning_curve: Callable[[str, str], object] | None = None,
+    ):
         self.config = config
+        self.learning_curve = learning_curve
         self.workdir = paths.absolute(workdir)  # a URL (gs://...) is passed through unchanged
         if not paths.is_url(self.workdir):
             os.makedirs(self.workdir, exist_ok=True)
@@ -279,7 +292,8 @@ class Trainer:
             return self.run_state.evals
         if self.run_state.phase == "rl":
             self.run_rl()
-            if self.run_state.phase == "done" and self.config.logging.wandb.enabled:
+            done = self.run_state.phase == "done"
+            if done and self.config.logging.wandb.enabled and self.learning_curve is not None:
                 self.log_learning_curve()
         self.checkpointer.wait()
         if self.run_state.phase == "done" and self.config.model.lora.enabled:
@@ -287,17 +301,15 @@ class Trainer:
         return self.run_state.evals
 
     def log_learning_curve(self) -> None:
-        """The run's learning curve (``plot_learning_curve`` of its TensorBoard scalars) as a PNG
+        """The run's learning curve (``self.learning_curve`` of its TensorBoard scalars) as a PNG
         image to every writer, at the last RL iteration's step: W&B shows it as media (only runs
         with ``config.logging.wandb`` on draw it, so the default run's files stay as they were)."""
         if jax.process_index() != 0:
             return
-        from agentrl_jax.experiments.evaluate import plot_learning_curve  # noqa: PLC0415
-
         self.writer.flush()
         with tempfile.TemporaryDirectory() as tmp:
             png = os.path.join(tmp, "learning_curve.png")
-            plot_learning_curve(os.path.join(self.workdir, "tensorboard"), png)
+            self.learning_curve(os.path.join(self.workdir, "tensorboard"), png)
             with open(png, "rb") as f:
                 data = f.read()
         from PIL import Image  # noqa: PLC0415 - matplotlib's own dependency
