@@ -15,6 +15,7 @@ from agentrl_jax.run.config import (
     base_config,
     from_config_dict,
 )
+from agentrl_jax.run.metric_writer import MultiWriter
 from agentrl_jax.run.tensorboard import SummaryWriter, png_of_figure, read_scalars
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -43,7 +44,7 @@ def test_wandb_writer_holds_what_tensorboard_holds(tmp_path):
 
     tb = SummaryWriter(str(tmp_path / "tensorboard"))
     wb = writers.WandbWriter(WandbSection(enabled=True, name="unit"), str(tmp_path), {"seed": 0})
-    writer = writers.MultiWriter([tb, wb])
+    writer = MultiWriter([tb, wb])
     writer.scalars({"sft/nll": 2.5, "skip": np.ones(3)}, 1)
     writer.scalars({"sft/nll": 1.25}, 2)
     # Steps restart in the RL phase (0 after SFT) and a resumed run writes a step again.

@@ -10,12 +10,12 @@ import numpy as np
 from tensorboard.compat.proto import event_pb2, summary_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from agentrl_jax.run.writers import MetricWriter
+from agentrl_jax.run.metric_writer import MetricWriter
 
 
 class SummaryWriter(MetricWriter):
     """Writes scalars (and optional images) to ``logdir`` as real TensorBoard event files (the
-    run's first :class:`~agentrl_jax.run.writers.MetricWriter`).
+    run's first :class:`~agentrl_jax.run.metric_writer.MetricWriter`).
 
     Only process 0 of a multi-host run should construct one; others pass ``enabled=False``.
     Non-finite scalars are written as they are (TensorBoard shows them) so a divergence is visible.

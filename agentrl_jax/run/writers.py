@@ -3,8 +3,9 @@ is on, any other backend as one more :class:`MetricWriter`.
 
 The trainer writes through one writer (``build_writer``): a :class:`MultiWriter` over the
 backends, each given the same ``(tag, value, step)`` scalars and the same PNG images. A backend
-is a class with four methods (``scalars``, ``image_png``, ``flush``, ``close``); a CLU or MLflow
-writer is one more subclass and one more line in ``build_writer``.
+is a :class:`MetricWriter` (``run/metric_writer.py``, the seam), a class with four methods
+(``scalars``, ``image_png``, ``flush``, ``close``); a CLU or MLflow writer is one more subclass
+and one more line in ``build_writer``.
 
 W&B: the run is created in ``<workdir>/wandb`` (``wandb.init(dir=...)``), ``mode`` from the
 config (``offline`` by default: no network, ``wandb sync`` uploads it later; ``WANDB_MODE`` in
@@ -16,61 +17,21 @@ field and the scalars are plotted against it (``define_metric("*", step_metric="
 
 from __future__ import annotations
 
-import abc
 import dataclasses
 import glob
 import json
 import os
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
+from agentrl_jax.run.metric_writer import MetricWriter, MultiWriter
+
 
 def _is_scalar(value: Any) -> bool:
     return isinstance(value, (int, float, np.floating, np.integer)) or np.ndim(value) == 0
-
-
-class MetricWriter(abc.ABC):
-    """One metrics backend. Only process 0 of a multi-host run writes (``enabled``)."""
-
-    @abc.abstractmethod
-    def scalars(self, metrics: Mapping[str, float], step: int) -> None:
-        """Writes each scalar of ``metrics`` (non-scalars are skipped) at ``step``."""
-
-    @abc.abstractmethod
-    def image_png(self, tag: str, png_bytes: bytes, step: int, height: int, width: int) -> None:
-        """Writes a PNG image (a learning curve) at ``step``."""
-
-    def flush(self) -> None:  # noqa: B027 - optional hook
-        """Makes what was written so far durable."""
-
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Flushes and releases the backend. Safe to call twice."""
-
-
-class MultiWriter(MetricWriter):
-    """Every call to each of ``writers``, in order."""
-
-    def __init__(self, writers: Sequence[MetricWriter]):
-        self.writers = list(writers)
-
-    def scalars(self, metrics: Mapping[str, float], step: int) -> None:
-        for w in self.writers:
-            w.scalars(metrics, step)
-
-    def image_png(self, tag: str, png_bytes: bytes, step: int, height: int, width: int) -> None:
-        for w in self.writers:
-            w.image_png(tag, png_bytes, step, height, width)
-
-    def flush(self) -> None:
-        for w in self.writers:
-            w.flush()
-
-    def close(self) -> None:
-        for w in self.writers:
-            w.close()
 
 
 class WandbWriter(MetricWriter):
