@@ -53,11 +53,11 @@ def gymnasium_tasks(level: str, split: str, count: int, env_kwargs: dict[str, An
 
 
 def textarena_tasks(level: str, split: str, count: int, env_kwargs: dict[str, Any]) -> list[Task]:
-    """The textarena family's tasks: ``level`` is a registered TextArena game id."""
-    del env_kwargs
+    """The textarena family's tasks: ``level`` is a registered TextArena game id (one whose
+    valid moves are known, where ``env_kwargs`` asks for ``admissible_commands``)."""
     from agentrl_jax.envs.adapters import textarena_env  # noqa: PLC0415 - textarena on demand
 
-    textarena_env.check_game(level)
+    textarena_env.check_game(level, bool(env_kwargs.get("admissible_commands", False)))
     return seeded_tasks("textarena", level, split, count)
 
 

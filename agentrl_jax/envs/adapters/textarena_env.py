@@ -16,15 +16,102 @@ secret, the history it keeps), so GiGPO groups two episodes exactly when the eng
 them is equal. TextArena seeds Python's global ``random`` on reset (its games draw from it), so
 one process should play one game at a time: the actor pool steps an env's games one after
 another unless ``env.concurrent_steps`` is set.
+
+TextArena has no protocol for listing a game's valid moves or for an expert. Where this module
+knows a game's rules (``GAME_RULES``, by the game's class: today FrozenLake, every size), it reads
+the engine's own state for both: ``admissible_commands=True`` lists the moves the game accepts
+(constrained decoding writes one of them), and ``info["expert_action"]`` is a solver's move, so
+SFT has demonstrations. For another game ``admissible_commands=True`` is refused when its tasks
+are drawn, and it has no expert.
 """
 
 from __future__ import annotations
 
+import collections
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from agentrl_jax.envs.base import Env, Observation, Task, stable_key
 
 PLAYER = 0
+
+
+# ---------------------------------------------------------------------------- known games
+
+
+@dataclasses.dataclass(frozen=True)
+class GameRules:
+    """What the adapter knows of one game beyond TextArena's protocol, read from the engine.
+
+    Attributes:
+      valid_moves: ``valid_moves(game) -> tuple[str, ...]``, the moves the game accepts in its
+        current state, as the policy writes them (the game's action wrapper adds the brackets).
+      expert_move: ``expert_move(game) -> str | None``, a solver's move from the current state
+        (one of ``valid_moves``), None where the game is over or cannot be won.
+    """
+
+    valid_moves: Callable[[Any], tuple[str, ...]]
+    expert_move: Callable[[Any], str | None]
+
+
+# FrozenLake's moves as its engine defines them (``FrozenLakeEnv.actions``), in the order the
+# expert prefers among equally short paths: toward the goal's default corner first.
+_LAKE_ORDER = ("down", "right", "up", "left")
+
+
+def _lake_moves(game) -> tuple[str, ...]:
+    """The FrozenLake moves that stay on the board (a move into a wall is an invalid move; one
+    into a hole is legal and loses)."""
+    r, c = game.state.game_state["player_pos"]
+    return tuple(
+        m
+        for m in _LAKE_ORDER
+        if 0 <= r + game.actions[m][0] < game.size and 0 <= c + game.actions[m][1] < game.size
+    )
+
+
+def _lake_distances(game) -> dict[tuple[int, int], int]:
+    """Steps from every cell to the goal over the grid's non-hole cells (breadth-first)."""
+    grid, goal = game.state.game_state["grid"], tuple(game.state.game_state["goal_pos"])
+    dist, queue = {goal: 0}, collections.deque([goal])
+    while queue:
+        r, c = queue.popleft()
+        for dr, dc in game.actions.values():
+            nr, nc = r + dr, c + dc
+            inside = 0 <= nr < game.size and 0 <= nc < game.size
+            if inside and (nr, nc) not in dist and grid[nr][nc] != "H":
+                dist[(nr, nc)] = dist[(r, c)] + 1
+                queue.append((nr, nc))
+    return dist
+
+
+def _lake_expert(game) -> str | None:
+    """The first move of a shortest hole-free path to the goal (ties broken by
+    ``_LAKE_ORDER``); None once the game is over or when no path exists."""
+    if game.state.done:
+        return None
+    pos = tuple(game.state.game_state["player_pos"])
+    dist = _lake_distances(game)
+    if pos not in dist or dist[pos] == 0:
+        return None
+    for move in _lake_moves(game):
+        dr, dc = game.actions[move]
+        if dist.get((pos[0] + dr, pos[1] + dc)) == dist[pos] - 1:
+            return move
+    return None  # unreachable: a cell at distance d > 0 has a neighbour at d - 1
+
+
+# Games by their engine class's name (every registered variant of a game shares its class).
+GAME_RULES: dict[str, GameRules] = {
+    "FrozenLakeEnv": GameRules(valid_moves=_lake_moves, expert_move=_lake_expert),
+}
+
+
+def rules(game) -> GameRules | None:
+    """The ``GameRules`` of a TextArena game (unwrapped), None for a game this module does not
+    know."""
+    return GAME_RULES.get(type(game).__name__)
 
 
 def _unwrap(game):
@@ -68,9 +155,16 @@ def make(game_id: str, **game_kwargs: Any):
     return wrapped, game
 
 
-def check_game(game_id: str) -> None:
-    """Raises when ``game_id`` is not a registered single-player TextArena game."""
-    make(game_id)
+def check_game(game_id: str, admissible_commands: bool = False) -> None:
+    """Raises when ``game_id`` is not a registered single-player TextArena game, or when
+    ``admissible_commands`` asks for the valid moves of a game whose moves are not known here."""
+    _, game = make(game_id)
+    if admissible_commands and rules(game) is None:
+        raise ValueError(
+            f"env.kwargs.admissible_commands=True lists a game's valid moves, but textarena game "
+            f"{game_id!r} ({type(game).__name__}) has no known move list; games with one: "
+            f"{', '.join(sorted(GAME_RULES))} (agentrl_jax/envs/adapters/textarena_env.py)"
+        )
 
 
 class TextArenaEnv(Env):
@@ -81,19 +175,34 @@ class TextArenaEnv(Env):
         keep their own turn limits too.
       win_reward: a finished game whose reward is at least this is won.
       game_kwargs: keyword arguments for ``textarena.make`` (a game's own settings).
+      admissible_commands: list the game's valid moves in each observation (games in
+        ``GAME_RULES`` only).
     """
 
     def __init__(
-        self, max_steps: int = 30, win_reward: float = 1.0, game_kwargs: dict | None = None
+        self,
+        max_steps: int = 30,
+        win_reward: float = 1.0,
+        game_kwargs: dict | None = None,
+        admissible_commands: bool = False,
     ):
         self.max_steps = max_steps
         self.win_reward = win_reward
         self.game_kwargs = dict(game_kwargs or {})
+        self.admissible_commands = admissible_commands
         self._game_id = ""
+        self._rules: GameRules | None = None
 
-    @classmethod
-    def lists_admissible_commands(cls, **kwargs: Any) -> bool:
-        return False  # TextArena's games do not list their valid moves
+    def _observation(self, text: str, feedback: str = "") -> Observation:
+        moves = None
+        if self.admissible_commands:
+            moves = () if self.game.state.done else self._rules.valid_moves(self.game)
+        return Observation(
+            objective=self.objective, text=text, feedback=feedback, admissible_commands=moves
+        )
+
+    def _expert(self) -> str | None:
+        return self._rules.expert_move(self.game) if self._rules is not None else None
 
     def _messages(self) -> str:
         _, messages = self.game.get_observation()
@@ -110,14 +219,17 @@ class TextArenaEnv(Env):
         if game_id != self._game_id:
             self.wrapped, self.game = make(game_id, **self.game_kwargs)
             self._game_id = game_id
+            self._rules = rules(self.game)
+            if self.admissible_commands and self._rules is None:
+                check_game(game_id, admissible_commands=True)  # raises, naming the known games
         self.task, self.steps = task, 0
         self.game.reset(num_players=1, seed=int(task.param("seed")))
         text = self._messages()
         self.objective = text.split("\n", 1)[0]
-        return Observation(objective=self.objective, text=text)
+        return self._observation(text)
 
     def reset_info(self) -> dict[str, Any]:
-        return {"state_key": self._state_key(), "won": False}
+        return {"state_key": self._state_key(), "won": False, "expert_action": self._expert()}
 
     def step(self, action: str) -> tuple[Observation, float, bool, dict[str, Any]]:
         self.steps += 1
@@ -137,6 +249,6 @@ class TextArenaEnv(Env):
             "steps": self.steps,
             "score": reward,
             "state_key": self._state_key(),
+            "expert_action": None if done or truncated else self._expert(),
         }
-        obs = Observation(objective=self.objective, text=feedback, feedback=feedback)
-        return obs, reward, bool(done) or truncated, info
+        return self._observation(feedback, feedback), reward, bool(done) or truncated, info
