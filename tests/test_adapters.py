@@ -10,13 +10,17 @@ import pytest
 import train_cli
 
 from agentrl_jax.envs import registry
-from agentrl_jax.envs.adapters import openenv_env
+from agentrl_jax.envs.adapters import openenv_env, textarena_env
+from agentrl_jax.experiments import study_spec
 from agentrl_jax.rollout.tasks import make_tasks
+from agentrl_jax.run import budget as budget_lib
 from agentrl_jax.run.config import ConfigError, from_config_dict, load_config_file
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(TESTS)
 CONFIG = os.path.join("tests", "adapter_config.py")
+LAKE_CONFIG = os.path.join("configs", "textarena_frozenlake.py")
+LAKE_STUDY = os.path.join(REPO, "configs", "studies", "textarena_frozenlake.py")
 
 
 @pytest.fixture
@@ -156,6 +160,56 @@ def test_textarena_single_player_game_and_refusal():
         make_tasks("textarena", "GuessTheNumbr-v0", "train", 1, {})
 
 
+def _lake(env):
+    """The FrozenLake engine's state: (grid, player position)."""
+    state = env.game.state.game_state
+    return state["grid"], tuple(state["player_pos"])
+
+
+def test_textarena_frozenlake_lists_moves_and_its_expert_solves_every_board():
+    tasks = make_tasks("textarena", "FrozenLake-v0", "test", 40, {"admissible_commands": True})
+    env = registry.make_env("textarena", max_steps=8, admissible_commands=True)
+    for task in tasks:
+        obs, info = env.reset(task), env.reset_info()
+        assert obs.admissible_commands == ("down", "right")  # the top-left corner
+        grid, path = _lake(env)[0], [_lake(env)[1]]
+        done = False
+        while not done:
+            move = info["expert_action"]
+            assert move in obs.admissible_commands
+            obs, reward, done, info = env.step(move)
+            path.append(_lake(env)[1])
+            assert not info["invalid_action"]
+        # The engine's own outcome: the goal reached in 6 moves, over no hole.
+        assert info["won"] and reward == 1.0 and len(path) == 7 and path[-1] == (3, 3)
+        assert all(grid[r][c] != "H" for r, c in path) and info["expert_action"] is None
+    # Moves come from the engine's state: at the right edge, "right" is not listed; a move into
+    # a hole is (it is legal, and loses with TextArena's completion score).
+    env.reset(tasks[0])
+    env.game.state.game_state["player_pos"] = (1, 3)
+    assert textarena_env.rules(env.game).valid_moves(env.game) == ("down", "up", "left")
+    grid, _ = _lake(env)
+    hole = next((r, c) for r in range(4) for c in range(4) if grid[r][c] == "H")
+    env.game.state.game_state["player_pos"] = (hole[0] - 1, hole[1]) if hole[0] else (1, hole[1])
+    move = "down" if hole[0] else "up"
+    _, reward, done, info = env.step(move)
+    assert done and not info["won"] and 0.0 < reward < 1.0 and not info["invalid_action"]
+    with pytest.raises(ValueError, match=r"'GuessTheNumber-v0' \(GuessTheNumberEnv\) has no known"):
+        make_tasks("textarena", "GuessTheNumber-v0", "train", 1, {"admissible_commands": True})
+
+
+def test_frozenlake_recipe_and_study_resolve():
+    for arg in ("", ":smoke", ":test"):
+        config = from_config_dict(load_config_file(LAKE_CONFIG + arg))
+        assert config.rollout.constrain_actions and dict(config.env.kwargs)["admissible_commands"]
+    study = study_spec.load_study(LAKE_STUDY)
+    assert study.seeds == (0, 1, 2) and set(study.variants) == {"sft_rl", "sft_only"}
+    for variant, demos in (("sft_rl", 40), ("sft_only", 104)):
+        config = from_config_dict(study_spec.cell_config(study, variant, 0))
+        assert budget_lib.from_config(config.budget).num_demos == demos
+        assert config.env.report_levels == ("FrozenLake-v0@test",)
+
+
 # ---------------------------------------------------------------------------- verifiers
 
 
@@ -194,14 +248,14 @@ def test_adapter_families_refuse_settings_they_cannot_honour():
 # ---------------------------------------------------------------------------- launch.train
 
 
-def _train(tmp_path, arg, *extra):
+def _train(tmp_path, arg, *extra, config=CONFIG):
     workdir = tmp_path / "run"
     env = dict(
         JAX_COMPILATION_CACHE_DIR=str(tmp_path / "jax_cache"),
         JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
         JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="-1",
     )
-    cmd = train_cli.train_cmd(workdir, *extra, config=f"{CONFIG}:{arg}")
+    cmd = train_cli.train_cmd(workdir, *extra, config=f"{config}:{arg}")
     (text,) = train_cli.finish(train_cli.start(cmd, tmp_path / "cache", tmp_path / "log", **env))
     report = json.loads((workdir / "report.json").read_text())
     (row,) = report["before_after"]
@@ -238,3 +292,13 @@ def test_launch_train_on_a_textarena_game(tmp_path):
 def test_launch_train_on_a_verifiers_taskset(on_path, tmp_path):
     workdir, text, report, row = _train(tmp_path, "verifiers")
     assert "| all@test | 1 |" in text and row["split"] == "test"
+
+
+@pytest.mark.slow
+def test_launch_train_on_textarena_frozenlake_with_demonstrations(tmp_path):
+    """The FrozenLake recipe (configs/textarena_frozenlake.py) at the test size: SFT on the
+    expert's demonstrations, then GRPO with constrained decoding, evaluated and reported."""
+    workdir, text, report, row = _train(tmp_path, "test", config=LAKE_CONFIG)
+    assert "| FrozenLake-v0@test | 2 |" in text
+    assert (row["split"], row["decoding"]) == ("test", "constrained")
+    assert set(report["evals"]) >= {"after_sft", "after_rl"}
