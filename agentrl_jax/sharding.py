@@ -9,6 +9,9 @@ over, on a mesh with axes ``(data, fsdp, tp)``:
 - ``fsdp``: the batch is split along it too, and so is each parameter's ``embed`` axis (ZeRO-3
   style: XLA all-gathers a weight just before it is used).
 - ``tp``: tensor parallelism over attention heads, the MLP width and the vocabulary.
+- ``expert`` (optional, a fourth size to ``make_mesh``): expert parallelism: routed experts'
+  weights (logical axis ``expert``) and their activations are split along it; everything else
+  is replicated along it.
 
 A logical axis whose size does not divide evenly by its mesh axes is replicated instead (e.g.
 Qwen2.5-0.5B's 2 kv heads on tp=4), so any preset runs on any mesh.
@@ -40,6 +43,8 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tp")
+# The optional fourth mesh axis (``make_mesh`` with four sizes): routed experts.
+EXPERT_AXIS = "expert"
 
 MeshAxes = str | tuple[str, ...] | None
 
@@ -54,6 +59,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "mlp": "tp",
     "norm": None,
     "lora_rank": None,  # A LoRA adapter's rank axis (small): replicated.
+    "expert": EXPERT_AXIS,  # Routed experts' leading axis (absent from a 3-axis mesh).
     # Activations, inputs and the KV cache.
     "batch": ("data", "fsdp"),
     "seq": None,
@@ -62,6 +68,7 @@ LOGICAL_AXIS_RULES: dict[str, MeshAxes] = {
     "act_kv_heads": "tp",
     "act_vocab": "tp",
     "act_mlp": "tp",
+    "act_expert": EXPERT_AXIS,
     "layers": None,
     "cache_slots": None,
 }
@@ -76,10 +83,12 @@ M = TypeVar("M", bound=nnx.Module)
 
 
 def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None = None) -> Mesh:
-    """A mesh with axes ``(data, fsdp, tp)`` over ``devices`` (default: all devices).
+    """A mesh with axes ``(data, fsdp, tp)``, or ``(data, fsdp, tp, expert)`` given four sizes,
+    over ``devices`` (default: all devices).
 
     Args:
-      shape: sizes of (data, fsdp, tp); one entry may be -1 to take the remaining devices.
+      shape: sizes of (data, fsdp, tp[, expert]); one entry may be -1 to take the remaining
+        devices.
       devices: the devices to use (default ``jax.devices()``, all hosts' devices).
 
     Raises:
@@ -87,8 +96,12 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None =
     """
     devices = list(jax.devices() if devices is None else devices)
     shape = [int(s) for s in shape]
-    if len(shape) != len(MESH_AXES):
-        raise ValueError(f"mesh shape {tuple(shape)} must have one size per axis {MESH_AXES}")
+    axes = MESH_AXES + (EXPERT_AXIS,) if len(shape) == len(MESH_AXES) + 1 else MESH_AXES
+    if len(shape) != len(axes):
+        raise ValueError(
+            f"mesh shape {tuple(shape)} must have one size per axis {MESH_AXES} (or also "
+            f"{EXPERT_AXIS!r})"
+        )
     if shape.count(-1) > 1 or any(s == 0 or s < -1 for s in shape):
         raise ValueError(f"mesh shape {tuple(shape)}: sizes must be positive, at most one -1")
     if -1 in shape:
@@ -101,13 +114,13 @@ def make_mesh(shape: Sequence[int] = (-1, 1, 1), devices: Sequence[Any] | None =
         shape[shape.index(-1)] = len(devices) // known
     if math.prod(shape) != len(devices):
         raise ValueError(
-            f"mesh shape {dict(zip(MESH_AXES, shape))} needs {math.prod(shape)} devices, "
+            f"mesh shape {dict(zip(axes, shape))} needs {math.prod(shape)} devices, "
             f"but {len(devices)} are available"
         )
     # Auto axes: parameters and inputs carry explicit shardings and XLA's partitioner propagates
     # them through the model, so the model code needs no mesh-aware annotations.
     return jax.make_mesh(
-        tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices
+        tuple(shape), axes, axis_types=(AxisType.Auto,) * len(axes), devices=devices
     )
 
 

@@ -28,6 +28,7 @@ peft_lib = pytest.importorskip("peft")
 from agentrl_jax.models import hf_checkpoint as hc  # noqa: E402
 from agentrl_jax.models import lora, registry  # noqa: E402
 from agentrl_jax.models import peft as our_peft  # noqa: E402
+from agentrl_jax.models.config import LORA_TARGETS as LORA_ALL  # noqa: E402
 from agentrl_jax.models.config import LoraConfig  # noqa: E402
 from agentrl_jax.models.testing import (  # noqa: E402
     hf_logits,
@@ -111,6 +112,26 @@ def _gemma3(variant: str):
     )
 
 
+def _qwen3_moe(variant: str):
+    """Qwen3-MoE: 8 experts of width 32, 2 a token. ``sparse``: every layer routed, top-k
+    weights renormalised, untied; ``mixed``: layer 1 dense (``mlp_only_layers``), raw top-k
+    weights, tied (unrolled only: scanning needs every layer alike)."""
+    mixed = variant == "mixed"
+    return transformers.Qwen3MoeConfig(
+        **COMMON,
+        num_hidden_layers=3,
+        head_dim=24,
+        rms_norm_eps=1e-6,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=not mixed,
+        mlp_only_layers=[1] if mixed else [],
+        tie_word_embeddings=mixed,
+        rope_parameters={"rope_type": "default", "rope_theta": 10_000.0},
+    )
+
+
 # family -> (its variants, a transformers config per variant, the weights' std). Variants cover
 # tied and untied embeddings and each optional piece of the architecture once. The std puts the
 # logits at several units (the bars then sit well below what the weights move) but not much
@@ -121,7 +142,12 @@ FAMILIES = {
     "qwen3": (("tied", "untied"), _qwen3, 0.3),
     "llama": (("tied", "untied"), _llama, 0.3),
     "gemma3_text": (("capped", "plain"), _gemma3, 0.2),
+    "qwen3_moe": (("sparse", "mixed"), _qwen3_moe, 0.3),
 }
+# The projections LoRA adapts per family (default: all seven): Qwen3-MoE's attention only, its
+# experts and dense MLPs get no adapters.
+LORA_TARGETS = {"qwen3_moe": ("q", "k", "v", "o")}
+_HF_PROJ = dict(q="q_proj", k="k_proj", v="v_proj", o="o_proj")
 CASES = [(family, v) for family, (variants, *_) in FAMILIES.items() for v in variants]
 IDS = [f"{family}-{v}" for family, v in CASES]
 
@@ -181,6 +207,8 @@ def test_config_names_the_family(case):
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
 def test_logits_match_transformers(case, scan):
     family, variant, ckpt = case
+    if scan and any(hc.load_config(ckpt).sparse_layers) and variant == "mixed":
+        pytest.skip("sparse and dense layers mixed: scanning needs every layer alike")
     tokens, mask = _padded_batch()
     model = hc.load_hf_model(ckpt, scan_layers=scan)
     ref = hf_logits(ckpt, tokens, mask)
@@ -267,7 +295,8 @@ def test_our_adapter_in_peft(case, tmp_path):
     """Our adapter (every projection, nonzero B), saved in PEFT's format and loaded by
     ``peft.PeftModel`` onto transformers' model of the same base: logits within 1e-5."""
     family, variant, ckpt = case
-    model = hc.load_hf_model(ckpt, lora=LoraConfig(rank=4, alpha=12.0, targets="all"))
+    targets = LORA_TARGETS.get(family, "all")
+    model = hc.load_hf_model(ckpt, lora=LoraConfig(rank=4, alpha=12.0, targets=targets))
     model = _randomize_adapters(model, seed=12)
     tokens, mask = _padded_batch()
     out = our_peft.save_peft_adapter(model, tmp_path / "adapter", base_model_name_or_path="x/y")
@@ -285,7 +314,9 @@ def test_peft_adapter_in_our_model(case, tmp_path):
     hf = transformers.AutoModelForCausalLM.from_pretrained(
         str(ckpt), attn_implementation="eager", dtype=torch.float32
     )
-    config = peft_lib.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear")
+    targets = LORA_TARGETS.get(family)
+    modules = [_HF_PROJ[t] for t in targets] if targets else "all-linear"
+    config = peft_lib.LoraConfig(r=4, lora_alpha=8, target_modules=modules)
     peft_model = peft_lib.get_peft_model(hf, config)
     torch.manual_seed(13)
     with torch.no_grad():
@@ -296,7 +327,7 @@ def test_peft_adapter_in_our_model(case, tmp_path):
     tokens, mask = _padded_batch()
     theirs = torch_logits(peft_model.eval(), tokens, mask)
     model = our_peft.load_peft_adapter(hc.load_hf_model(ckpt), tmp_path / "adapter")
-    assert model.cfg.lora.rank == 4 and len(model.cfg.lora.targets) == 7
+    assert model.cfg.lora.rank == 4 and model.cfg.lora.targets == (targets or LORA_ALL)
     diffs = _row_diffs(_forward(model, tokens, mask), theirs, mask)
     print(f"{family}-{variant} peft's adapter in ours: {_fmt(diffs)}")
     assert max(diffs.values()) <= PEFT_TOL, diffs

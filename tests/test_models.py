@@ -198,7 +198,16 @@ def test_fresh_value_model_head():
 
 
 @pytest.mark.parametrize(
-    "name", ["qwen3-0.6b", "qwen3-1.7b", "qwen3-8b", "llama3.2-1b", "llama3.1-8b", "gemma3-1b"]
+    "name",
+    [
+        "qwen3-0.6b",
+        "qwen3-1.7b",
+        "qwen3-8b",
+        "llama3.2-1b",
+        "llama3.1-8b",
+        "gemma3-1b",
+        "qwen3-30b-a3b",
+    ],
 )
 def test_family_preset_matches_transformers(name):
     """A family preset's config.json builds transformers' own model (on the meta device) with

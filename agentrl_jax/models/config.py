@@ -153,6 +153,16 @@ class ModelConfig:
     ``layer_types``: one of ``LAYER_TYPES`` per layer (empty: all full); a sliding layer's
     queries attend to the ``sliding_window`` latest positions (their own included), with
     ``rope_local_theta`` as RoPE base (None: ``rope_theta``) and no scaling.
+
+    Routed experts (Qwen3-MoE; ``num_experts`` 0: none): a sparse layer's MLP is
+    ``num_experts`` gated MLPs of width ``moe_intermediate_size`` and a router; each token goes
+    to its ``num_experts_per_tok`` most probable experts (softmax over all experts, then top-k;
+    with ``norm_topk_prob`` the k weights are renormalised to sum to 1). Layer i is sparse unless
+    it is in ``mlp_only_layers`` or ``(i + 1) % decoder_sparse_step``; a dense layer's MLP has
+    ``intermediate_size``. ``router_aux_loss``: add the load-balancing loss (Switch
+    Transformer's, as transformers' ``load_balancing_loss_func``) times
+    ``router_aux_loss_coef`` to the training loss (transformers' ``output_router_logits``);
+    off by default.
     """
 
     vocab_size: int
@@ -184,6 +194,14 @@ class ModelConfig:
     layer_types: tuple[str, ...] = ()
     sliding_window: int | None = None
     rope_local_theta: float | None = None
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    router_aux_loss: bool = False
+    router_aux_loss_coef: float = 0.001
 
     def __post_init__(self):
         if self.lora is not None and not isinstance(self.lora, LoraConfig):
@@ -244,10 +262,56 @@ class ModelConfig:
                 "ModelConfig.sliding_window must be a positive int when a layer is "
                 f"sliding_attention, got {self.sliding_window!r}"
             )
+        self._check_experts()
         for name in ("query_pre_attn_scalar", "final_logit_softcap"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, int | float) and value > 0):
                 raise ValueError(f"ModelConfig.{name} must be positive or None, got {value!r}")
+
+    def _check_experts(self):
+        """The routed-expert fields (``num_experts`` > 0) are consistent."""
+        object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if not self.num_experts:
+            return
+        for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(
+                    f"ModelConfig.{name} must be a positive int with num_experts > 0, got {value!r}"
+                )
+        if self.num_experts_per_tok > self.num_experts:
+            raise ValueError(
+                f"ModelConfig.num_experts_per_tok={self.num_experts_per_tok} exceeds "
+                f"num_experts={self.num_experts}"
+            )
+        if not (isinstance(self.decoder_sparse_step, int) and self.decoder_sparse_step > 0):
+            raise ValueError(
+                f"ModelConfig.decoder_sparse_step must be a positive int, got "
+                f"{self.decoder_sparse_step!r}"
+            )
+        if self.scan_layers and len(set(self.sparse_layers)) > 1:
+            raise ValueError(
+                "ModelConfig.scan_layers=True needs every layer alike, but mlp_only_layers="
+                f"{list(self.mlp_only_layers)} / decoder_sparse_step={self.decoder_sparse_step} "
+                "mix sparse and dense layers: use scan_layers=False"
+            )
+        mlp = [t for t in ("gate", "up", "down") if self.lora and t in self.lora.targets]
+        if mlp:
+            raise ValueError(
+                f"LoraConfig.targets: {mlp} are not supported on a mixture-of-experts model "
+                "(num_experts > 0): its LoRA adapts the attention projections q, k, v, o only"
+            )
+
+    @property
+    def sparse_layers(self) -> tuple[bool, ...]:
+        """Per layer: whether its MLP is the routed experts (all False without experts), as
+        transformers' ``Qwen3MoeDecoderLayer`` decides."""
+        return tuple(
+            self.num_experts > 0
+            and i not in self.mlp_only_layers
+            and (i + 1) % self.decoder_sparse_step == 0
+            for i in range(self.num_layers)
+        )
 
     def replace(self, **kwargs) -> ModelConfig:
         return dataclasses.replace(self, **kwargs)
@@ -276,9 +340,11 @@ class ModelConfig:
         attn = d * h * hd + 2 * d * kv * hd + h * hd * d
         attn += (h + 2 * kv) * hd if self.attention_bias else 0
         attn += 2 * hd if self.qk_norm else 0
-        layer = attn + 3 * d * f + (4 if self.sandwich_norms else 2) * d
+        norms = (4 if self.sandwich_norms else 2) * d
+        moe = self.num_experts * (3 * d * self.moe_intermediate_size + d)  # experts + router
+        mlps = sum(moe if sparse else 3 * d * f for sparse in self.sparse_layers)
         emb = self.vocab_size * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + d
+        return self.num_layers * (attn + norms) + mlps + emb + d
 
     @property
     def num_lora_params(self) -> int:
@@ -435,6 +501,19 @@ PRESETS.update(
             sliding_window=512,
             rope_local_theta=10_000.0,
             scan_layers=True,
+        ),
+        # Qwen3-30B-A3B: 48 layers, each a router and 128 experts of width 768, 8 a token.
+        "qwen3-30b-a3b": ModelConfig(
+            **{**_QWEN3, "family": "qwen3_moe", "num_kv_heads": 4},
+            hidden_size=2048,
+            intermediate_size=6144,
+            num_layers=48,
+            num_heads=32,
+            tie_word_embeddings=False,
+            num_experts=128,
+            num_experts_per_tok=8,
+            moe_intermediate_size=768,
+            norm_topk_prob=True,
         ),
     }
 )

@@ -418,39 +418,146 @@ class MLP(nnx.Module):
         return _plus(out, _lora_delta(self, cfg, "down", hidden, lora_key, 6))
 
 
+def route(router_logits_bte: jax.Array, top_k: int, norm_topk_prob: bool):
+    """Each token's experts and their weights, as transformers' ``Qwen3MoeTopKRouter``: a
+    softmax over every expert (f32), the ``top_k`` most probable, renormalised to sum to 1 with
+    ``norm_topk_prob``. Returns (weights [..., k] f32, experts [..., k] int32)."""
+    probs = jax.nn.softmax(router_logits_bte.astype(jnp.float32), axis=-1)
+    weights, experts = jax.lax.top_k(probs, top_k)
+    if norm_topk_prob:
+        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
+    return weights, experts
+
+
+def _routing_sums(router_logits_lbte, mask_bt, top_k: int):
+    """Per sparse layer, over the real tokens: how many picked each expert ([L', E]), the sum of
+    each expert's router probability ([L', E]), and the token count."""
+    probs = jax.nn.softmax(router_logits_lbte.astype(jnp.float32), axis=-1)
+    _, experts = jax.lax.top_k(probs, top_k)
+    e = probs.shape[-1]
+    mask = jnp.ones(probs.shape[1:3], jnp.float32) if mask_bt is None else mask_bt
+    mask = jnp.asarray(mask, jnp.float32)
+    picked = jnp.einsum("lbtke,bt->le", jax.nn.one_hot(experts, e, dtype=jnp.float32), mask)
+    return picked, jnp.einsum("lbte,bt->le", probs, mask), jnp.sum(mask)
+
+
+def load_balance(router_logits_lbte: jax.Array, mask_bt: jax.Array | None, top_k: int):
+    """[L', E] each sparse layer's fraction of the real tokens' routing choices that went to
+    each expert (rows sum to 1; 1 / E everywhere is a perfect balance)."""
+    picked, _, tokens = _routing_sums(router_logits_lbte, mask_bt, top_k)
+    return picked / (tokens * top_k)
+
+
+def load_balancing_loss(router_logits_lbte: jax.Array, mask_bt: jax.Array | None, top_k: int):
+    """The Switch Transformer's load-balancing loss as transformers'
+    ``load_balancing_loss_func`` computes it: E * sum_e f_e P_e, with f_e the share of (token,
+    choice) pairs routed to expert e and P_e its mean router probability, both averaged over the
+    real tokens of every sparse layer together (1.0 * k at a perfect balance... up to E at
+    worst: its minimum is k, every expert picked k / E of the time with probability 1 / E)."""
+    picked, probs, tokens = _routing_sums(router_logits_lbte, mask_bt, top_k)
+    layers, e = picked.shape
+    f = jnp.sum(picked, axis=0) / (layers * tokens)
+    p = jnp.sum(probs, axis=0) / (layers * tokens)
+    return e * jnp.sum(f * p)
+
+
+class MoE(nnx.Module):
+    """Routed experts (Qwen3-MoE's sparse MLP): a router [D, E] and E gated MLPs stacked on a
+    leading ``expert`` axis (logical axis ``expert``: split over the mesh's ``expert`` axis where
+    it has one, see ``agentrl_jax.sharding``), each of width ``moe_intermediate_size``.
+
+    Each token's output is the weighted sum of its ``num_experts_per_tok`` experts' outputs
+    (``route``). Computed densely: every expert runs on every token and the routing weights
+    (zero off a token's top k) combine them in one contraction over (expert, width), so there
+    is no gather, no capacity and nothing dropped, and an expert-sharded weight gives
+    expert-sharded work; the cost is E / k times the routed FLOPs (16x for Qwen3-30B-A3B). A
+    grouped matmul over tokens sorted by expert (``jax.lax.ragged_dot``) is the efficient
+    alternative, not done here.
+    """
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, e, f, pd = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.param_dtype
+        self.cfg = cfg
+        self.router_weight_de = _param(rngs, _dense_init, (d, e), ("embed", None), pd)
+        axes = ("expert", "embed", "mlp")
+        self.gate_weight_edf = _param(rngs, _dense_init, (e, d, f), axes, pd)
+        self.up_weight_edf = _param(rngs, _dense_init, (e, d, f), axes, pd)
+        self.down_weight_efd = _param(rngs, _dense_init, (e, f, d), ("expert", "mlp", "embed"), pd)
+
+    def router_logits(self, x_btd):
+        """[B, T, E] router logits in the compute dtype (transformers' ``F.linear``)."""
+        dt = self.cfg.dtype
+        return jnp.einsum("btd,de->bte", x_btd, self.router_weight_de[...].astype(dt))
+
+    def __call__(self, x_btd, lora_key=None, router_out: list | None = None):
+        """[B, T, D] output; ``router_out``: a list the router logits are appended to."""
+        del lora_key  # the experts have no adapters
+        cfg, dt = self.cfg, self.cfg.dtype
+        logits_bte = self.router_logits(x_btd)
+        if router_out is not None:
+            router_out.append(logits_bte)
+        weights_btk, experts_btk = route(logits_bte, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        # [B, T, E]: a token's weight on each expert, zero off its top k (cast as transformers
+        # casts the top-k weights to the logits' dtype).
+        onehot = jax.nn.one_hot(experts_btk, cfg.num_experts, dtype=jnp.float32)
+        combine_bte = jnp.einsum("btk,btke->bte", weights_btk, onehot).astype(dt)
+        gate = jnp.einsum("btd,edf->btef", x_btd, self.gate_weight_edf[...].astype(dt))
+        up = jnp.einsum("btd,edf->btef", x_btd, self.up_weight_edf[...].astype(dt))
+        hidden = jax.nn.silu(gate) * up * combine_bte[..., None]
+        hidden = constrain(hidden, ("batch", "seq", "act_expert", "act_mlp"))
+        return jnp.einsum("btef,efd->btd", hidden, self.down_weight_efd[...].astype(dt))
+
+
 class DecoderLayer(nnx.Module):
     """Attention and MLP, each behind a norm and added to the residual stream. ``post_attn_norm``
     is the MLP's input norm (Hugging Face's ``post_attention_layernorm`` in Qwen and Llama, its
     ``pre_feedforward_layernorm`` in Gemma 3); with ``cfg.sandwich_norms``, ``attn_out_norm`` and
-    ``mlp_out_norm`` normalise the two outputs before they are added."""
+    ``mlp_out_norm`` normalise the two outputs before they are added. ``sparse``: the MLP is
+    routed experts (``MoE``; ``cfg.sparse_layers``)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, sparse: bool = False):
         self.input_norm = _norm(cfg, cfg.hidden_size, rngs)
         self.attn = Attention(cfg, rngs=rngs)
         self.post_attn_norm = _norm(cfg, cfg.hidden_size, rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.sparse = sparse
+        self.mlp = MoE(cfg, rngs=rngs) if sparse else MLP(cfg, rngs=rngs)
         self.sandwich = cfg.sandwich_norms
         if cfg.sandwich_norms:
             self.attn_out_norm = _norm(cfg, cfg.hidden_size, rngs)
             self.mlp_out_norm = _norm(cfg, cfg.hidden_size, rngs)
 
     def __call__(
-        self, x_btd, cos_bth, sin_bth, mask_bts, cache_kv=None, query_b=None, lora_key=None
+        self,
+        x_btd,
+        cos_bth,
+        sin_bth,
+        mask_bts,
+        cache_kv=None,
+        query_b=None,
+        lora_key=None,
+        router_out=None,
     ):
         """One layer; with ``query_b`` ([B] positions) only those positions come out, [B, 1, D]
         (every position's keys and values still reach the cache). ``lora_key``: the LoRA
-        dropout's key for this layer (None: none)."""
+        dropout's key for this layer (None: none). ``router_out``: a list a sparse layer
+        appends its router logits [B, T, E] to (``Trunk.router_logits``)."""
         attn_out, extra = self.attn(
             self.input_norm(x_btd), cos_bth, sin_bth, mask_bts, cache_kv, query_b, lora_key
         )
         if query_b is not None:
             x_btd = at_positions(x_btd, query_b)
+
+        def mlp(h_btd):
+            if self.sparse:
+                return self.mlp(h_btd, lora_key, router_out)
+            return self.mlp(h_btd, lora_key)
+
         if self.sandwich:
             x_btd = x_btd + self.attn_out_norm(attn_out)
-            mlp_out = self.mlp_out_norm(self.mlp(self.post_attn_norm(x_btd), lora_key))
+            mlp_out = self.mlp_out_norm(mlp(self.post_attn_norm(x_btd)))
             return constrain(x_btd + mlp_out, _RESIDUAL_AXES), extra
         x_btd = x_btd + attn_out
-        x_btd = constrain(x_btd + self.mlp(self.post_attn_norm(x_btd), lora_key), _RESIDUAL_AXES)
+        x_btd = constrain(x_btd + mlp(self.post_attn_norm(x_btd)), _RESIDUAL_AXES)
         return x_btd, extra
 
 
@@ -472,7 +579,8 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
         transform_metadata={nnx.PARTITION_NAME: "layers", "logical_axes": "layers"},
     )
     def create(rngs: nnx.Rngs) -> DecoderLayer:
-        return DecoderLayer(cfg, rngs=rngs)
+        # Every layer alike (ModelConfig refuses scanning mixed sparse and dense layers).
+        return DecoderLayer(cfg, rngs=rngs, sparse=cfg.sparse_layers[0])
 
     return create(rngs)
 
@@ -559,8 +667,39 @@ class Trunk(nnx.Module):
         if cfg.scan_layers:
             self.layers = _stacked_layers(cfg, rngs)
         else:
-            self.layers = nnx.List([DecoderLayer(cfg, rngs=rngs) for _ in range(cfg.num_layers)])
+            self.layers = nnx.List(
+                [DecoderLayer(cfg, rngs=rngs, sparse=sparse) for sparse in cfg.sparse_layers]
+            )
         self.final_norm = _norm(cfg, cfg.hidden_size, rngs)
+
+    def _embed(self, tokens_bt):
+        """[B, T, D] input embeddings in the compute dtype."""
+        cfg = self.cfg
+        # FSDP: gather the table's embed axis before the lookup (as for any weight about to be
+        # used), so the gathered rows come out batch-sharded rather than width-sharded.
+        embed_vd = constrain(self.embed_vd[...], ("vocab", None))
+        x_btd = jnp.take(embed_vd, tokens_bt, axis=0).astype(cfg.dtype)
+        if cfg.embed_scale:
+            # Gemma: sqrt(D) in the compute dtype, as transformers rounds it to the weights'.
+            x_btd = x_btd * jnp.asarray(math.sqrt(cfg.hidden_size), cfg.dtype)
+        return constrain(x_btd, _RESIDUAL_AXES)
+
+    def router_logits(self, tokens_bt: jax.Array, *, mask_bt: jax.Array | None = None):
+        """[L', B, T, E] the router logits of each of the L' sparse layers (``cfg.sparse_layers``)
+        under teacher forcing: what ``load_balance`` and ``load_balancing_loss`` read. The
+        layers run unrolled (a scanned model's are sliced), without remat."""
+        cfg = self.cfg
+        b, t = tokens_bt.shape
+        mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)
+        positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
+        mask_bts = jnp.tril(jnp.ones((t, t), jnp.bool_))[None] & mask_bt[:, None, :]
+        full, local = self._views(positions_bt, positions_bt, mask_bts)
+        x_btd, out = self._embed(tokens_bt), []
+        for i, layer in enumerate(unroll_layers(self).layers):
+            x_btd, _ = layer(x_btd, *(local if cfg.sliding_layers[i] else full), router_out=out)
+        if not out:
+            raise ValueError("router_logits: the model has no sparse layers (num_experts=0)")
+        return jnp.stack(out)
 
     def _views(self, positions_bt, key_positions_bs, mask_bts):
         """What a layer attends with, ``(cos_bth, sin_bth, mask_bts)``: the full-attention
@@ -652,14 +791,7 @@ class Trunk(nnx.Module):
         if cache is not None and lora_dropout_key is not None:
             raise ValueError("lora_dropout_key is for teacher forcing; a cached pass has none")
         b, t = tokens_bt.shape
-        # FSDP: gather the table's embed axis before the lookup (as for any weight about to be
-        # used), so the gathered rows come out batch-sharded rather than width-sharded.
-        embed_vd = constrain(self.embed_vd[...], ("vocab", None))
-        x_btd = jnp.take(embed_vd, tokens_bt, axis=0).astype(cfg.dtype)
-        if cfg.embed_scale:
-            # Gemma: sqrt(D) in the compute dtype, as transformers rounds it to the weights'.
-            x_btd = x_btd * jnp.asarray(math.sqrt(cfg.hidden_size), cfg.dtype)
-        x_btd = constrain(x_btd, _RESIDUAL_AXES)
+        x_btd = self._embed(tokens_bt)
 
         if cache is None:
             mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)

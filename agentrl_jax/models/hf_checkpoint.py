@@ -27,6 +27,7 @@ Public API::
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
@@ -231,13 +232,24 @@ def _describe(path: tuple) -> str:
 
 def _layer_maps(
     maps: dict[tuple, TensorMap], path: tuple, num_layers: int
-) -> list[TensorMap] | None:
-    """The TensorMaps of a parameter: one, or a stacked layer parameter's L (None: not in
-    the checkpoint, as the value head)."""
+) -> tuple[list[TensorMap] | None, tuple[int, ...]]:
+    """The TensorMaps of a parameter, row-major over the leading dims they are stacked on, and
+    those dims: one map and (); a stacked layer parameter's L and (L,); a parameter stored one
+    tensor per expert (its maps keyed ``(*path, j)``) E and (E,), or L * E and (L, E) when
+    scanned. (None, ()) when it is not in the checkpoint (the value head)."""
     k = stacked_layer_index(path)
-    if k is None:
-        return [maps[path]] if path in maps else None
-    return [maps[(*path[: k + 1], i, *path[k + 1 :])] for i in range(num_layers)]
+    paths = (
+        [path] if k is None else [(*path[: k + 1], i, *path[k + 1 :]) for i in range(num_layers)]
+    )
+    lead = () if k is None else (num_layers,)
+    if paths[0] in maps:
+        return [maps[p] for p in paths], lead
+    if (*paths[0], 0) not in maps:
+        return None, ()
+    experts = 0
+    while (*paths[0], experts) in maps:
+        experts += 1
+    return [maps[(*p, j)] for p in paths for j in range(experts)], (*lead, experts)
 
 
 def _union_length(spans: list[tuple[int, int]]) -> int:
@@ -296,8 +308,9 @@ def _relayout(view_shape: tuple[int, ...], perm: tuple[int, ...], target: NamedS
     return jax.jit(lambda x: x.reshape(view_shape).transpose(perm), out_shardings=target)
 
 
-def _load_param(tmaps, parts, spec, sharding, stacked: bool, process_of) -> jax.Array:
-    """One parameter (a stacked layer parameter: its L tensors), read into ``sharding``.
+def _load_param(tmaps, parts, spec, sharding, lead: tuple[int, ...], process_of) -> jax.Array:
+    """One parameter (stacked on ``lead``: its layers' and / or experts' tensors, row-major in
+    ``tmaps`` and ``parts``), read into ``sharding``.
 
     Each device reads its own slice (``TensorMap.read``) unless that makes some process read
     more of the file than a row split would: with the hidden dim sharded, a device's slice of
@@ -307,15 +320,19 @@ def _load_param(tmaps, parts, spec, sharding, stacked: bool, process_of) -> jax.
     """
     dtype = np.dtype(spec.dtype)
     tmap = tmaps[0]
-    lead = (len(tmaps),) if stacked else ()
 
     def per_device(read_one):
         def read(index):
-            if not stacked:
+            if not lead:
                 return read_one(0, index).astype(dtype)
-            # A stacked layer parameter: this device's layers, each read as its own.
-            layers = range(*index[0].indices(len(tmaps)))
-            return np.stack([read_one(i, index[1:]).astype(dtype) for i in layers])
+            # A stacked parameter: this device's layers (and experts), each read as its own.
+            ranges = [range(*index[d].indices(n)) for d, n in enumerate(lead)]
+            rest = index[len(lead) :]
+            tiles = [
+                read_one(int(np.ravel_multi_index(ix, lead)), rest).astype(dtype)
+                for ix in itertools.product(*ranges)
+            ]
+            return np.stack(tiles).reshape(*(len(r) for r in ranges), *tiles[0].shape)
 
         return read
 
@@ -367,20 +384,19 @@ def _load_into(
             sharding = (
                 shardings[path] if mesh is not None else SingleDeviceSharding(jax.devices()[0])
             )
-            tmaps = _layer_maps(maps, path, cfg.num_layers)
+            tmaps, lead = _layer_maps(maps, path, cfg.num_layers)
             if tmaps is None:
                 # Not in a causal-LM checkpoint (the value head): starts at zero.
                 value = jax.device_put(np.zeros(spec.shape, spec.dtype), sharding)
             else:
-                stacked = stacked_layer_index(path) is not None
-                shape = spec.shape[1:] if stacked else spec.shape
+                shape = spec.shape[len(lead) :]
                 parts = []
                 for tmap in tmaps:
                     assert tmap.our_shape == shape, (path, tmap.our_shape, spec.shape)
                     what = f"param {_describe(path)}"
                     parts.append(reader.slice(tmap.hf_name, tmap.hf_shape, what))
                     used.add(tmap.hf_name)
-                value = _load_param(tmaps, parts, spec, sharding, stacked, process_of)
+                value = _load_param(tmaps, parts, spec, sharding, lead, process_of)
             var.set_value(value)
     unused = sorted(set(files) - used - {"lm_head.weight"})
     if unused:
@@ -467,10 +483,13 @@ def _dtype_name(dtype) -> str:
 
 
 def _value_at(flat: dict[tuple, Any], path: tuple) -> jax.Array:
-    """The array at a ``tensor_maps`` path: the parameter itself, or layer i of a scanned model's
-    stacked parameter (sliced on the device, so one layer at a time comes to the host)."""
+    """The array at a ``tensor_maps`` path: the parameter itself, layer i of a scanned model's
+    stacked parameter, or expert j of an experts' parameter (``(*path, j)``); sliced on the
+    device, so one tensor at a time comes to the host."""
     if path in flat:
         return flat[path].get_value()
+    if isinstance(path[-1], int):
+        return _value_at(flat, path[:-1])[path[-1]]
     k = path.index("layers")
     return flat[(*path[: k + 1], *path[k + 2 :])].get_value()[path[k + 1]]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from agentrl_jax.models import gemma3, llama, qwen2, qwen3
+from agentrl_jax.models import gemma3, llama, qwen2, qwen3, qwen3_moe
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.family import CheckpointError, Family
 
@@ -21,6 +21,7 @@ FAMILIES: dict[str, Family] = {
         qwen3.FAMILY,
         llama.FAMILY,
         gemma3.FAMILY,
+        qwen3_moe.FAMILY,
     )
 }
 MODEL_TYPES = tuple(FAMILIES)
