@@ -63,6 +63,7 @@ import optax
 from flax import nnx
 
 from agentrl_jax import kernels, sharding
+from agentrl_jax.models import decoder
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.rl import losses
 from agentrl_jax.rl.lm_head import TokenStats, token_stats
@@ -141,6 +142,11 @@ class Learner:
         # LoRA dropout in the RL steps' forward passes (never in scoring or sampling).
         self.lora_dropout = self.lora and lora_cfg.dropout > 0
         self.dropout_seed = int(dropout_seed)
+        # Routed experts' load-balancing loss (ModelConfig.router_aux_loss), times its coefficient.
+        cfg = getattr(policy, "cfg", None)
+        self.router_aux_coef = (
+            float(cfg.router_aux_loss_coef) if getattr(cfg, "router_aux_loss", False) else None
+        )
         self.base_graphdef = None
         if self.lora:
             self.base_graphdef = nnx.split(lora_lib.base_model(policy))[0]
@@ -432,7 +438,44 @@ class Learner:
     def sft_forward(self, policy_state, batch) -> dict[str, jax.Array]:
         """{"logprobs": [B, T]} of the raw (temperature 1, unconstrained) logits."""
         model = nnx.merge(self.policy_graphdef, policy_state)
-        return {"logprobs": self._token_stats(model, batch["tokens"], batch["mask"]).logprobs}
+        out = {"logprobs": self._token_stats(model, batch["tokens"], batch["mask"]).logprobs}
+        return self._router_stats(model, batch, out)
+
+    def _router_stats(self, model, batch, out):
+        """With the router's auxiliary loss on: adds "router_aux" and "router_load_max" [B],
+        this (micro)batch's load-balancing loss (``decoder.load_balancing_loss``, as
+        transformers' over the real tokens of every sparse layer) and its most loaded expert's
+        share of the routing choices times E (1 is a perfect balance), on every row. The router
+        logits come from a pass of their own (``Trunk.router_logits``)."""
+        if self.router_aux_coef is None:
+            return out
+        tokens, mask = batch["tokens"], batch["mask"]
+        logits = model.trunk.router_logits(tokens, mask_bt=mask)
+        k, e = model.cfg.num_experts_per_tok, model.cfg.num_experts
+        aux = decoder.load_balancing_loss(logits, mask, k)
+        load = jax.lax.stop_gradient(jnp.max(decoder.load_balance(logits, mask, k)) * e)
+        rows = tokens.shape[:1]
+        out["router_aux"] = jnp.broadcast_to(aux, rows)
+        out["router_load_max"] = jnp.broadcast_to(load, rows)
+        return out
+
+    def _with_router_terms(self, terms, metrics, stats):
+        """The auxiliary term: ``router_aux_loss_coef`` times the mean over (micro)batches of
+        their load-balancing loss (with microbatches, each microbatch's own, as transformers
+        computes it per forward pass), and its metrics."""
+        if "router_aux" not in stats:
+            return terms, metrics
+        rows = jnp.float32(stats["router_aux"].shape[0])
+        aux = kernels.Weighted(jnp.sum(stats["router_aux"]), rows)
+        terms = {**terms, "moe/router_aux": (self.router_aux_coef, aux)}
+        metrics = {**metrics, "moe/router_aux_loss": aux}
+        metrics["moe/expert_load_max"] = kernels.Weighted(jnp.sum(stats["router_load_max"]), rows)
+        metrics["losses/total"] = losses.total(terms)
+        return terms, metrics
+
+    def sft_terms(self, stats, batch):
+        """The SFT loss terms (``losses.sft_terms``) and, when on, the router's."""
+        return self._with_router_terms(*losses.sft_terms(stats, batch), stats)
 
     def rl_forward(self, params, batch) -> dict[str, jax.Array]:
         """Per-row stats of the current parameters: all the RL terms need of them.
@@ -458,15 +501,16 @@ class Learner:
                 out[f"aux_{kind}_logprobs"] = self._token_stats(
                     model, tokens, mask, lora_key=aux_key
                 ).logprobs
-        return out
+        return self._router_stats(model, batch, out)
 
     def rl_terms(self, stats, batch):
         """The RL loss terms and metrics of ``stats`` (``losses.rl_terms`` of the spec)."""
-        return losses.rl_terms(self.spec, self.policy_loss_fn, stats, batch)
+        terms = losses.rl_terms(self.spec, self.policy_loss_fn, stats, batch)
+        return self._with_router_terms(*terms, stats)
 
     def sft_loss(self, policy_state, batch):
         """The whole batch's SFT loss and metrics, in one piece (no microbatches)."""
-        value, (_, metrics) = losses.loss(self.sft_forward, losses.sft_terms, policy_state, batch)
+        value, (_, metrics) = losses.loss(self.sft_forward, self.sft_terms, policy_state, batch)
         return value, losses.metric_values(metrics)
 
     def rl_loss(self, params, batch):
@@ -483,7 +527,7 @@ class Learner:
         if frozen is not None:  # LoRA: the base is a constant, the adapters are differentiated
             forward = lambda p, b: self.sft_forward(self._join(p, frozen), b)  # noqa: E731
         loss, grads, metrics = losses.loss_and_grads(
-            forward, losses.sft_terms, trainable, batch, self.microbatch_size
+            forward, self.sft_terms, trainable, batch, self.microbatch_size
         )
         trainable, policy_opt, ok, gnorm = losses.apply_update(
             self.actor_tx, loss, grads, trainable, state.policy_opt

@@ -1,0 +1,225 @@
+"""Qwen3-MoE beyond the family parity rows of tests/test_families.py: the router's load balance
+and auxiliary loss against transformers' own, the ``expert`` mesh axis (8 fake CPU devices),
+and the config's refusals. The checkpoints are transformers' own Qwen3MoeForCausalLM, random
+and tiny (test_families.py's ``_qwen3_moe`` configs), nothing downloaded.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_families import _padded_batch, _qwen3_moe  # noqa: E402
+
+from agentrl_jax import sharding  # noqa: E402
+from agentrl_jax.models import decoder  # noqa: E402
+from agentrl_jax.models import hf_checkpoint as hc  # noqa: E402
+from agentrl_jax.models.config import LoraConfig, ModelConfig  # noqa: E402
+from agentrl_jax.models.testing import (  # noqa: E402
+    positions_from_mask,
+    random_transformers_checkpoint,
+)
+
+TOL = 1e-4  # logits and router logits against transformers / one device (as the family rows)
+LOSS_TOL = 1e-6  # the load-balancing loss on the same router logits
+from transformers.models.qwen3_moe.modeling_qwen3_moe import (  # noqa: E402
+    load_balancing_loss_func,
+)
+
+
+@pytest.fixture(scope="module", params=["sparse", "mixed"])
+def ckpt(request, tmp_path_factory):
+    return random_transformers_checkpoint(
+        tmp_path_factory.mktemp(f"moe-{request.param}"), _qwen3_moe(request.param), seed=7, std=0.3
+    )
+
+
+def _transformers_router(ckpt, tokens, mask):
+    """transformers' router logits (a tuple of [B * T, E], one per sparse layer) and its
+    aux_loss, with positions that count only real tokens."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(ckpt), attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.as_tensor(tokens, dtype=torch.long),
+            attention_mask=torch.as_tensor(mask, dtype=torch.long),
+            position_ids=torch.as_tensor(positions_from_mask(mask)),
+            output_router_logits=True,
+        )
+    return out.router_logits, float(out.aux_loss), model.config
+
+
+def test_router_load_balance_and_aux_loss_match_transformers(ckpt):
+    """Our router logits equal transformers' on every real token; our load-balancing loss on
+    them equals transformers' ``load_balancing_loss_func`` (and its ``aux_loss`` output) on a
+    padded batch; the load balance is a per-layer fraction of the routing choices."""
+    tokens, mask = _padded_batch()
+    model = hc.load_hf_model(ckpt)
+    cfg = model.cfg
+    ours = np.asarray(
+        jax.jit(lambda m, t, k: m.trunk.router_logits(t, mask_bt=k))(model, tokens, mask)
+    )
+    theirs, their_aux, hf_cfg = _transformers_router(ckpt, tokens, mask)
+    assert ours.shape == (sum(cfg.sparse_layers), *tokens.shape, cfg.num_experts)
+    assert len(theirs) == ours.shape[0]
+    real = mask.astype(bool)
+    for layer, t in enumerate(theirs):
+        t = t.numpy().reshape(ours.shape[1:])
+        diff = float(np.abs(ours[layer][real] - t[real]).max())
+        print(f"router logits, sparse layer {layer}: max diff {diff:.1e}")
+        assert diff <= TOL
+    k, e = cfg.num_experts_per_tok, cfg.num_experts
+    # The same router logits (transformers'): the two functions agree to f32 rounding.
+    stacked = np.stack([t.numpy().reshape(ours.shape[1:]) for t in theirs])
+    reference = float(load_balancing_loss_func(theirs, e, k, torch.as_tensor(mask)))
+    mine = float(decoder.load_balancing_loss(jnp.asarray(stacked), mask, k))
+    print(f"load-balancing loss: ours {mine:.6f}, transformers {reference:.6f} ({their_aux:.6f})")
+    assert abs(mine - reference) <= LOSS_TOL
+    assert abs(reference - their_aux) <= LOSS_TOL
+    # And on our own router logits (the model's), as the aux loss the training loss adds.
+    assert abs(float(decoder.load_balancing_loss(jnp.asarray(ours), mask, k)) - their_aux) <= 1e-5
+    # Without a mask: every token counts, as transformers' without attention_mask.
+    unmasked = float(load_balancing_loss_func(theirs, e, k, None))
+    assert abs(float(decoder.load_balancing_loss(jnp.asarray(stacked), None, k)) - unmasked) < 1e-5
+    # The load balance: per sparse layer, the share of the real tokens' k choices per expert.
+    balance = np.asarray(decoder.load_balance(jnp.asarray(ours), mask, k))
+    assert balance.shape == (ours.shape[0], e)
+    np.testing.assert_allclose(balance.sum(-1), 1.0, atol=1e-6)
+    counts = np.zeros((ours.shape[0], e))
+    for layer in range(ours.shape[0]):
+        top = np.argsort(-ours[layer][real], axis=-1)[:, :k]
+        np.add.at(counts[layer], top.ravel(), 1.0)
+    np.testing.assert_allclose(balance, counts / counts.sum(-1, keepdims=True), atol=1e-6)
+    print("load balance (sparse layer 0):", np.round(balance[0], 3))
+    assert not np.allclose(balance, 1.0 / e)  # a random router is not perfectly balanced
+
+
+MESHES = [(1, 2, 1, 4), (1, 1, 1, 8), (2, 2, 2)]
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_expert_axis_sharded_logits_equal_one_device(tmp_path, scan):
+    """On 8 fake CPU devices, meshes with an ``expert`` axis (and one without): the experts'
+    weights are split over it (logical axis ``expert``), each device reading its own experts
+    from the checkpoint, and logits equal one device's within 1e-5."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py's XLA_FLAGS)")
+    ckpt = random_transformers_checkpoint(tmp_path / "moe", _qwen3_moe("sparse"), seed=3, std=0.3)
+    tokens, mask = _padded_batch()
+    tokens, mask = np.concatenate([tokens] * 4)[:8], np.concatenate([mask] * 4)[:8]
+    single = hc.load_hf_model(ckpt, scan_layers=scan)
+    forward = jax.jit(lambda m, t, k: m(t, mask_bt=k)[0])
+    expected = np.asarray(forward(single, tokens, mask))
+    for shape in MESHES:
+        mesh = sharding.make_mesh(shape)
+        model = hc.load_hf_model(ckpt, mesh=mesh, scan_layers=scan)
+        moe = model.trunk.layers.mlp if scan else model.trunk.layers[0].mlp
+        spec = moe.gate_weight_edf[...].sharding.spec
+        lead = (None,) if scan else ()
+        if len(shape) == 4:
+            assert spec == P(*lead, "expert", "fsdp", "tp"), (shape, spec)
+            per_device = moe.gate_weight_edf[...].addressable_shards[0].data.shape
+            assert per_device[len(lead)] == 8 // shape[3]
+        else:
+            assert "expert" not in str(spec)
+        batch = jax.device_put(
+            tokens, sharding.named_sharding(mesh, ("batch", "seq"), tokens.shape)
+        )
+        with jax.set_mesh(mesh):
+            logits = np.asarray(jax.jit(lambda m, t, k: m(t, mask_bt=k)[0])(model, batch, mask))
+        diff = float(np.abs(logits - expected).max())
+        print(f"mesh {shape} {'scanned' if scan else 'unrolled'}: max diff {diff:.1e}")
+        assert diff <= 1e-5, (shape, diff)
+        # Loaded weights are the single-device model's, bit for bit.
+        for a, b in zip(jax.tree.leaves(nnx.state(single)), jax.tree.leaves(nnx.state(model))):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_config_refusals():
+    base = dict(
+        vocab_size=32, hidden_size=16, intermediate_size=24, num_layers=3, num_heads=2,
+        num_kv_heads=1, head_dim=8, family="qwen3_moe", num_experts=4, num_experts_per_tok=2,
+        moe_intermediate_size=8,
+    )  # fmt: skip
+    cfg = ModelConfig(**base, mlp_only_layers=[1])
+    assert cfg.sparse_layers == (True, False, True)
+    assert ModelConfig(**base, decoder_sparse_step=2).sparse_layers == (False, True, False)
+    with pytest.raises(ValueError, match="scan_layers=True needs every layer alike"):
+        ModelConfig(**base, mlp_only_layers=(1,), scan_layers=True)
+    with pytest.raises(ValueError, match=r"num_experts_per_tok=5 exceeds num_experts=4"):
+        ModelConfig(**{**base, "num_experts_per_tok": 5})
+    with pytest.raises(ValueError, match="moe_intermediate_size must be a positive int"):
+        ModelConfig(**{**base, "moe_intermediate_size": 0})
+    with pytest.raises(ValueError, match=r"\['gate', 'up', 'down'\] are not supported"):
+        ModelConfig(**base, lora=LoraConfig(rank=2, targets="all"))
+    assert ModelConfig(**base, lora=LoraConfig(rank=2, targets="q,v")).lora.targets == ("q", "v")
+    # config.json: transformers 5 writes num_local_experts; the shipped checkpoints num_experts.
+    hf = hc.config_to_hf(cfg)
+    assert hf["num_experts"] == 4 and hc.config_from_hf(hf) == cfg
+    legacy = {k: v for k, v in hf.items() if k != "num_experts"} | {"num_local_experts": 4}
+    assert hc.config_from_hf(legacy) == cfg
+    with pytest.raises(hc.CheckpointError, match="num_experts_per_tok=9 exceeds"):
+        hc.config_from_hf({**hf, "num_experts_per_tok": 9})
+    with pytest.raises(hc.CheckpointError, match="field 'moe_intermediate_size'"):
+        hc.config_from_hf({k: v for k, v in hf.items() if k != "moe_intermediate_size"})
+
+
+def _moe_cfg(**overrides):
+    return ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=8, family="qwen3_moe", attention_bias=False, qk_norm=True,
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, norm_topk_prob=True,
+        **overrides,
+    )  # fmt: skip
+
+
+def test_router_aux_loss_is_added_to_the_training_loss():
+    """``router_aux_loss=True``: the SFT loss is the NLL plus ``router_aux_loss_coef`` times
+    transformers' ``load_balancing_loss_func`` on the model's router logits (per microbatch,
+    averaged, with microbatches); off (the default), the loss is the NLL alone."""
+    import optax
+
+    from agentrl_jax.models.decoder import CausalLM
+    from agentrl_jax.models.testing import random_model
+    from agentrl_jax.rl.learner import Learner
+    from agentrl_jax.rl.losses import split_rows
+
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 64, (4, 10)).astype(np.int32))
+    mask = np.ones((4, 10), np.float32)
+    mask[1, -4:] = 0
+    loss_mask = np.zeros((4, 10), np.float32)
+    loss_mask[:, 3:8] = 1
+    batch = {"tokens": tokens, "mask": jnp.asarray(mask), "loss_mask": jnp.asarray(loss_mask)}
+    batch["step_ids"] = jnp.asarray(np.where(loss_mask > 0, 0, -1).astype(np.int32))
+    off = random_model(CausalLM, _moe_cfg(), seed=1, std=0.3)
+    on = random_model(
+        CausalLM, _moe_cfg(router_aux_loss=True, router_aux_loss_coef=0.5), seed=1, std=0.3
+    )
+    nll, off_metrics = Learner(off, None, optax.sgd(0.0)).sft_loss(nnx.state(off), batch)
+    assert not any(k.startswith("moe/") for k in off_metrics)
+
+    def reference(rows):
+        logits = np.asarray(on.trunk.router_logits(tokens[rows], mask_bt=batch["mask"][rows]))
+        layers = tuple(torch.as_tensor(lg.reshape(-1, 4)) for lg in logits)
+        return float(load_balancing_loss_func(layers, 4, 2, torch.as_tensor(mask[rows])))
+
+    whole = reference(slice(None))
+    total, metrics = Learner(on, None, optax.sgd(0.0)).sft_loss(nnx.state(on), batch)
+    print(f"nll {float(nll):.6f}, load-balancing loss {whole:.6f}, total {float(total):.6f}")
+    assert abs(float(metrics["moe/router_aux_loss"]) - whole) <= 1e-6
+    assert abs(float(total) - (float(nll) + 0.5 * whole)) <= 1e-6
+    assert float(metrics["moe/expert_load_max"]) >= 1.0
+    # Two microbatches (strided rows: 0, 2 and 1, 3): each its own loss, averaged.
+    learner = Learner(on, None, optax.sgd(0.0), microbatch_size=2)
+    state = learner.init(on)
+    _, step_metrics = learner.sft_step(state, batch)
+    halves = [reference(np.asarray(split_rows(jnp.arange(4), 2)[i])) for i in range(2)]
+    assert abs(float(step_metrics["moe/router_aux_loss"]) - np.mean(halves)) <= 1e-6
+    assert abs(float(step_metrics["losses/total"]) - (float(nll) + 0.5 * np.mean(halves))) <= 1e-5
