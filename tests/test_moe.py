@@ -145,7 +145,7 @@ def test_config_refusals():
     base = dict(
         vocab_size=32, hidden_size=16, intermediate_size=24, num_layers=3, num_heads=2,
         num_kv_heads=1, head_dim=8, family="qwen3_moe", num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=8,
+        moe_intermediate_size=8, attention_bias=False, qk_norm=True,
     )  # fmt: skip
     cfg = ModelConfig(**base, mlp_only_layers=[1])
     assert cfg.sparse_layers == (True, False, True)
