@@ -130,7 +130,10 @@ def _resolved(run) -> dict:
 
 # Configs shipped after the snapshot: each resolves in a test of its own (the snapshot holds
 # what the older configs resolved to before later fields existed).
-AFTER_SNAPSHOT = {"configs/alfworld_tiny.py": ("sft",)}
+AFTER_SNAPSHOT = {
+    "configs/alfworld_tiny.py": ("sft",),
+    "configs/textarena_frozenlake.py": ("smoke", "test"),  # tests/test_adapters.py
+}
 
 
 def _shipped_specs():

@@ -20,7 +20,8 @@ from flax import nnx
 from agentrl_jax import sharding
 from agentrl_jax.models import CausalLM, KVCache, ValueModel, lora
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.decoder import lora_slots, stack_layers
+from agentrl_jax.models.decoder import lora_slots
+from agentrl_jax.models.params import stack_layers
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
 TOL = 1e-5  # fixed by the issue: f32 max abs diff

@@ -17,8 +17,8 @@ transformers = pytest.importorskip("transformers")
 from test_families import _padded_batch, _qwen3_moe  # noqa: E402
 
 from agentrl_jax import sharding  # noqa: E402
-from agentrl_jax.models import decoder  # noqa: E402
 from agentrl_jax.models import hf_checkpoint as hc  # noqa: E402
+from agentrl_jax.models import moe  # noqa: E402
 from agentrl_jax.models.config import LoraConfig, ModelConfig  # noqa: E402
 from agentrl_jax.models.testing import (  # noqa: E402
     positions_from_mask,
@@ -78,17 +78,17 @@ def test_router_load_balance_and_aux_loss_match_transformers(ckpt):
     # The same router logits (transformers'): the two functions agree to f32 rounding.
     stacked = np.stack([t.numpy().reshape(ours.shape[1:]) for t in theirs])
     reference = float(load_balancing_loss_func(theirs, e, k, torch.as_tensor(mask)))
-    mine = float(decoder.load_balancing_loss(jnp.asarray(stacked), mask, k))
+    mine = float(moe.load_balancing_loss(jnp.asarray(stacked), mask, k))
     print(f"load-balancing loss: ours {mine:.6f}, transformers {reference:.6f} ({their_aux:.6f})")
     assert abs(mine - reference) <= LOSS_TOL
     assert abs(reference - their_aux) <= LOSS_TOL
     # And on our own router logits (the model's), as the aux loss the training loss adds.
-    assert abs(float(decoder.load_balancing_loss(jnp.asarray(ours), mask, k)) - their_aux) <= 1e-5
+    assert abs(float(moe.load_balancing_loss(jnp.asarray(ours), mask, k)) - their_aux) <= 1e-5
     # Without a mask: every token counts, as transformers' without attention_mask.
     unmasked = float(load_balancing_loss_func(theirs, e, k, None))
-    assert abs(float(decoder.load_balancing_loss(jnp.asarray(stacked), None, k)) - unmasked) < 1e-5
+    assert abs(float(moe.load_balancing_loss(jnp.asarray(stacked), None, k)) - unmasked) < 1e-5
     # The load balance: per sparse layer, the share of the real tokens' k choices per expert.
-    balance = np.asarray(decoder.load_balance(jnp.asarray(ours), mask, k))
+    balance = np.asarray(moe.load_balance(jnp.asarray(ours), mask, k))
     assert balance.shape == (ours.shape[0], e)
     np.testing.assert_allclose(balance.sum(-1), 1.0, atol=1e-6)
     counts = np.zeros((ours.shape[0], e))

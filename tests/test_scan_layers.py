@@ -15,13 +15,9 @@ from safetensors.numpy import load_file
 from agentrl_jax import sharding
 from agentrl_jax.models import hf_checkpoint as hc
 from agentrl_jax.models.config import preset
-from agentrl_jax.models.decoder import (
-    CausalLM,
-    stack_layers,
-    unroll_layers,
-    unstack_layers,
-)
+from agentrl_jax.models.decoder import CausalLM, unroll_layers
 from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.models.params import stack_layers, unstack_layers
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 from agentrl_jax.run.checkpoint import Checkpointer
 from agentrl_jax.sampling import Sampler, SamplingParams

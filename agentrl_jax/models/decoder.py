@@ -31,6 +31,8 @@ from jax.sharding import NamedSharding
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache
+from agentrl_jax.models.moe import MoE
+from agentrl_jax.models.params import dense_init, ones, param, unstack_layers, zeros
 from agentrl_jax.sharding import constrain, shard_model
 
 _NEG_INF = -1e30
@@ -38,16 +40,6 @@ _NEG_INF = -1e30
 _RESIDUAL_AXES = ("batch", "seq", "act_embed")
 _Q_AXES = ("batch", "seq", "act_heads", "head_dim")
 _KV_AXES = ("batch", "seq", "act_kv_heads", "head_dim")
-
-
-def _param(rngs: nnx.Rngs, init, shape, axes, dtype) -> nnx.Param:
-    """A parameter carrying its logical axis names (read by ``agentrl_jax.sharding``)."""
-    return nnx.Param(init(rngs.params(), shape, dtype), logical_axes=axes)
-
-
-_dense_init = jax.nn.initializers.normal(0.02)
-_zeros = jax.nn.initializers.zeros
-_ones = jax.nn.initializers.ones
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +158,7 @@ class RMSNorm(nnx.Module):
     def __init__(self, dim: int, eps: float, param_dtype, *, rngs: nnx.Rngs, plus_one=False):
         self.eps = eps
         self.plus_one = plus_one
-        self.weight = _param(rngs, _zeros if plus_one else _ones, (dim,), ("norm",), param_dtype)
+        self.weight = param(rngs, zeros if plus_one else ones, (dim,), ("norm",), param_dtype)
 
     def __call__(self, x):
         dtype = x.dtype
@@ -240,24 +232,20 @@ class Attention(nnx.Module):
             cfg.param_dtype,
         )
         self.cfg = cfg
-        self.q_weight_dnh = _param(
-            rngs, _dense_init, (d, n, h), ("embed", "q_heads", "head_dim"), pd
+        self.q_weight_dnh = param(rngs, dense_init, (d, n, h), ("embed", "q_heads", "head_dim"), pd)
+        if cfg.attention_bias:
+            self.q_bias_nh = param(rngs, zeros, (n, h), ("q_heads", "head_dim"), pd)
+        self.k_weight_dkh = param(
+            rngs, dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
         )
         if cfg.attention_bias:
-            self.q_bias_nh = _param(rngs, _zeros, (n, h), ("q_heads", "head_dim"), pd)
-        self.k_weight_dkh = _param(
-            rngs, _dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
+            self.k_bias_kh = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"), pd)
+        self.v_weight_dkh = param(
+            rngs, dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
         )
         if cfg.attention_bias:
-            self.k_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
-        self.v_weight_dkh = _param(
-            rngs, _dense_init, (d, k, h), ("embed", "kv_heads", "head_dim"), pd
-        )
-        if cfg.attention_bias:
-            self.v_bias_kh = _param(rngs, _zeros, (k, h), ("kv_heads", "head_dim"), pd)
-        self.o_weight_nhd = _param(
-            rngs, _dense_init, (n, h, d), ("q_heads", "head_dim", "embed"), pd
-        )
+            self.v_bias_kh = param(rngs, zeros, (k, h), ("kv_heads", "head_dim"), pd)
+        self.o_weight_nhd = param(rngs, dense_init, (n, h, d), ("q_heads", "head_dim", "embed"), pd)
         if cfg.qk_norm:
             self.q_norm = _norm(cfg, h, rngs)
             self.k_norm = _norm(cfg, h, rngs)
@@ -399,9 +387,9 @@ class MLP(nnx.Module):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.param_dtype
         self.cfg = cfg
         self.dtype = cfg.dtype
-        self.gate_weight_df = _param(rngs, _dense_init, (d, f), ("embed", "mlp"), pd)
-        self.up_weight_df = _param(rngs, _dense_init, (d, f), ("embed", "mlp"), pd)
-        self.down_weight_fd = _param(rngs, _dense_init, (f, d), ("mlp", "embed"), pd)
+        self.gate_weight_df = param(rngs, dense_init, (d, f), ("embed", "mlp"), pd)
+        self.up_weight_df = param(rngs, dense_init, (d, f), ("embed", "mlp"), pd)
+        self.down_weight_fd = param(rngs, dense_init, (f, d), ("mlp", "embed"), pd)
         _add_lora(self, cfg, ("gate", "up", "down"), rngs)
 
     def __call__(self, x_btd, lora_key=None):
@@ -416,96 +404,6 @@ class MLP(nnx.Module):
             hidden = jax.nn.silu(gate) * up
         out = jnp.einsum("btf,fd->btd", hidden, self.down_weight_fd[...].astype(dt))
         return _plus(out, _lora_delta(self, cfg, "down", hidden, lora_key, 6))
-
-
-def route(router_logits_bte: jax.Array, top_k: int, norm_topk_prob: bool):
-    """Each token's experts and their weights, as transformers' ``Qwen3MoeTopKRouter``: a
-    softmax over every expert (f32), the ``top_k`` most probable, renormalised to sum to 1 with
-    ``norm_topk_prob``. Returns (weights [..., k] f32, experts [..., k] int32)."""
-    probs = jax.nn.softmax(router_logits_bte.astype(jnp.float32), axis=-1)
-    weights, experts = jax.lax.top_k(probs, top_k)
-    if norm_topk_prob:
-        weights = weights / jnp.sum(weights, axis=-1, keepdims=True)
-    return weights, experts
-
-
-def _routing_sums(router_logits_lbte, mask_bt, top_k: int):
-    """Per sparse layer, over the real tokens: how many picked each expert ([L', E]), the sum of
-    each expert's router probability ([L', E]), and the token count."""
-    probs = jax.nn.softmax(router_logits_lbte.astype(jnp.float32), axis=-1)
-    _, experts = jax.lax.top_k(probs, top_k)
-    e = probs.shape[-1]
-    mask = jnp.ones(probs.shape[1:3], jnp.float32) if mask_bt is None else mask_bt
-    mask = jnp.asarray(mask, jnp.float32)
-    picked = jnp.einsum("lbtke,bt->le", jax.nn.one_hot(experts, e, dtype=jnp.float32), mask)
-    return picked, jnp.einsum("lbte,bt->le", probs, mask), jnp.sum(mask)
-
-
-def load_balance(router_logits_lbte: jax.Array, mask_bt: jax.Array | None, top_k: int):
-    """[L', E] each sparse layer's fraction of the real tokens' routing choices that went to
-    each expert (rows sum to 1; 1 / E everywhere is a perfect balance)."""
-    picked, _, tokens = _routing_sums(router_logits_lbte, mask_bt, top_k)
-    return picked / (tokens * top_k)
-
-
-def load_balancing_loss(router_logits_lbte: jax.Array, mask_bt: jax.Array | None, top_k: int):
-    """The Switch Transformer's load-balancing loss as transformers'
-    ``load_balancing_loss_func`` computes it: E * sum_e f_e P_e, with f_e the share of (token,
-    choice) pairs routed to expert e and P_e its mean router probability, both averaged over the
-    real tokens of every sparse layer together (1.0 * k at a perfect balance... up to E at
-    worst: its minimum is k, every expert picked k / E of the time with probability 1 / E)."""
-    picked, probs, tokens = _routing_sums(router_logits_lbte, mask_bt, top_k)
-    layers, e = picked.shape
-    f = jnp.sum(picked, axis=0) / (layers * tokens)
-    p = jnp.sum(probs, axis=0) / (layers * tokens)
-    return e * jnp.sum(f * p)
-
-
-class MoE(nnx.Module):
-    """Routed experts (Qwen3-MoE's sparse MLP): a router [D, E] and E gated MLPs stacked on a
-    leading ``expert`` axis (logical axis ``expert``: split over the mesh's ``expert`` axis where
-    it has one, see ``agentrl_jax.sharding``), each of width ``moe_intermediate_size``.
-
-    Each token's output is the weighted sum of its ``num_experts_per_tok`` experts' outputs
-    (``route``). Computed densely: every expert runs on every token and the routing weights
-    (zero off a token's top k) combine them in one contraction over (expert, width), so there
-    is no gather, no capacity and nothing dropped, and an expert-sharded weight gives
-    expert-sharded work; the cost is E / k times the routed FLOPs (16x for Qwen3-30B-A3B). A
-    grouped matmul over tokens sorted by expert (``jax.lax.ragged_dot``) is the efficient
-    alternative, not done here.
-    """
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        d, e, f, pd = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size, cfg.param_dtype
-        self.cfg = cfg
-        self.router_weight_de = _param(rngs, _dense_init, (d, e), ("embed", None), pd)
-        axes = ("expert", "embed", "mlp")
-        self.gate_weight_edf = _param(rngs, _dense_init, (e, d, f), axes, pd)
-        self.up_weight_edf = _param(rngs, _dense_init, (e, d, f), axes, pd)
-        self.down_weight_efd = _param(rngs, _dense_init, (e, f, d), ("expert", "mlp", "embed"), pd)
-
-    def router_logits(self, x_btd):
-        """[B, T, E] router logits in the compute dtype (transformers' ``F.linear``)."""
-        dt = self.cfg.dtype
-        return jnp.einsum("btd,de->bte", x_btd, self.router_weight_de[...].astype(dt))
-
-    def __call__(self, x_btd, lora_key=None, router_out: list | None = None):
-        """[B, T, D] output; ``router_out``: a list the router logits are appended to."""
-        del lora_key  # the experts have no adapters
-        cfg, dt = self.cfg, self.cfg.dtype
-        logits_bte = self.router_logits(x_btd)
-        if router_out is not None:
-            router_out.append(logits_bte)
-        weights_btk, experts_btk = route(logits_bte, cfg.num_experts_per_tok, cfg.norm_topk_prob)
-        # [B, T, E]: a token's weight on each expert, zero off its top k (cast as transformers
-        # casts the top-k weights to the logits' dtype).
-        onehot = jax.nn.one_hot(experts_btk, cfg.num_experts, dtype=jnp.float32)
-        combine_bte = jnp.einsum("btk,btke->bte", weights_btk, onehot).astype(dt)
-        gate = jnp.einsum("btd,edf->btef", x_btd, self.gate_weight_edf[...].astype(dt))
-        up = jnp.einsum("btd,edf->btef", x_btd, self.up_weight_edf[...].astype(dt))
-        hidden = jax.nn.silu(gate) * up * combine_bte[..., None]
-        hidden = constrain(hidden, ("batch", "seq", "act_expert", "act_mlp"))
-        return jnp.einsum("btef,efd->btd", hidden, self.down_weight_efd[...].astype(dt))
 
 
 class DecoderLayer(nnx.Module):
@@ -585,54 +483,6 @@ def _stacked_layers(cfg: ModelConfig, rngs: nnx.Rngs) -> DecoderLayer:
     return create(rngs)
 
 
-def stacked_layer_index(path: tuple) -> int | None:
-    """Where ``"layers"`` is in the state path of a scanned model's stacked layer parameter;
-    None for any other path (one layer of an unrolled model is ``(..., "layers", i, ...)``)."""
-    k = path.index("layers") if "layers" in path else None
-    return k if k is not None and isinstance(path[k + 1], str) else None
-
-
-def _relabel(var: nnx.Variable, value, axes_fn) -> nnx.Variable:
-    """``var`` holding ``value``, its logical axes (if it has any) mapped by ``axes_fn``."""
-    out = var.replace(value)
-    axes = var.get_metadata().get("logical_axes")
-    if axes is not None:
-        out.set_metadata(logical_axes=axes_fn(tuple(axes)))
-    return out
-
-
-def unstack_layers(state: nnx.State) -> nnx.State:
-    """A scanned model's state (or gradients) laid out as the unrolled model's: each stacked
-    ``(..., "layers", name...)`` [L, ...] parameter becomes L parameters ``(..., "layers", i,
-    name...)``. ``nnx.merge(unrolled_graphdef, unstack_layers(state))`` is the same model."""
-    flat = []
-    for path, var in nnx.to_flat_state(state):
-        k = stacked_layer_index(path)
-        if k is None:
-            flat.append((path, var))
-            continue
-        value = var.get_value()
-        for i in range(value.shape[0]):
-            layer_var = _relabel(var, value[i], lambda axes: axes[1:])
-            flat.append(((*path[: k + 1], i, *path[k + 1 :]), layer_var))
-    return nnx.from_flat_state(flat)
-
-
-def stack_layers(state: nnx.State) -> nnx.State:
-    """The inverse of ``unstack_layers``: an unrolled model's state in the scanned layout."""
-    flat, layers = [], {}
-    for path, var in nnx.to_flat_state(state):
-        k = path.index("layers") if "layers" in path else None
-        if k is None or not isinstance(path[k + 1], int):
-            flat.append((path, var))
-        else:
-            layers.setdefault((*path[: k + 1], *path[k + 2 :]), {})[path[k + 1]] = var
-    for path, by_layer in layers.items():
-        value = jnp.stack([by_layer[i].get_value() for i in range(len(by_layer))])
-        flat.append((path, _relabel(by_layer[0], value, lambda axes: ("layers", *axes))))
-    return nnx.from_flat_state(flat)
-
-
 def unroll_layers(model: nnx.Module) -> nnx.Module:
     """A scanned model (policy, value model or trunk) as the unrolled one with the same weights
     (its layer parameters are static slices of the stacked ones: new arrays); an unrolled model
@@ -657,9 +507,9 @@ class Trunk(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        self.embed_vd = _param(
+        self.embed_vd = param(
             rngs,
-            _dense_init,
+            dense_init,
             (cfg.vocab_size, cfg.hidden_size),
             ("vocab", "embed"),
             cfg.param_dtype,
@@ -841,9 +691,9 @@ class CausalLM(nnx.Module):
         self.cfg = cfg
         self.trunk = Trunk(cfg, rngs=rngs)
         if not cfg.tie_word_embeddings:
-            self.lm_head_dv = _param(
+            self.lm_head_dv = param(
                 rngs,
-                _dense_init,
+                dense_init,
                 (cfg.hidden_size, cfg.vocab_size),
                 ("embed", "vocab"),
                 cfg.param_dtype,
@@ -884,8 +734,8 @@ class ValueModel(nnx.Module):
         self.cfg = cfg
         self.trunk = Trunk(cfg, rngs=rngs) if trunk is None else trunk
         # A zero head: every value starts at 0, so early critic targets are not biased by noise.
-        self.value_weight_d = _param(rngs, _zeros, (cfg.hidden_size,), ("embed",), cfg.param_dtype)
-        self.value_bias = _param(rngs, _zeros, (), (), cfg.param_dtype)
+        self.value_weight_d = param(rngs, zeros, (cfg.hidden_size,), ("embed",), cfg.param_dtype)
+        self.value_bias = param(rngs, zeros, (), (), cfg.param_dtype)
 
     @classmethod
     def from_policy(cls, policy: CausalLM, *, rngs: nnx.Rngs | None = None) -> ValueModel:

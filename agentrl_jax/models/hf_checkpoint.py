@@ -47,8 +47,9 @@ from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import lora as lora_lib
 from agentrl_jax.models import registry
 from agentrl_jax.models.config import ModelConfig
-from agentrl_jax.models.decoder import CausalLM, ValueModel, stacked_layer_index
+from agentrl_jax.models.decoder import CausalLM, ValueModel
 from agentrl_jax.models.family import CheckpointError, TensorMap
+from agentrl_jax.models.params import stacked_layer_index
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"

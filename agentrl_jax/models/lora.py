@@ -36,7 +36,7 @@ from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
 from agentrl_jax import sharding as sharding_lib
 from agentrl_jax.models import registry
 from agentrl_jax.models.config import LORA_TARGETS, LoraConfig, ModelConfig
-from agentrl_jax.models.decoder import stacked_layer_index
+from agentrl_jax.models.params import stacked_layer_index
 
 M = TypeVar("M", bound=nnx.Module)
 

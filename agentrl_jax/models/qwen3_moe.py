@@ -3,7 +3,7 @@
 Qwen3-235B-A22B).
 
 Qwen3's attention (q/k norms, no biases, a head dim of its own) with routed experts in place of
-the MLP (``decoder.MoE``): a router and ``num_experts`` gated MLPs of width
+the MLP (``moe.MoE``): a router and ``num_experts`` gated MLPs of width
 ``moe_intermediate_size``, ``num_experts_per_tok`` of them a token (softmax over the experts,
 top k, renormalised with ``norm_topk_prob``); no shared expert. Layers in ``mlp_only_layers``,
 or off every ``decoder_sparse_step``-th, keep a dense MLP of ``intermediate_size``.

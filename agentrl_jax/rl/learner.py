@@ -63,8 +63,8 @@ import optax
 from flax import nnx
 
 from agentrl_jax import kernels, sharding
-from agentrl_jax.models import decoder
 from agentrl_jax.models import lora as lora_lib
+from agentrl_jax.models import moe
 from agentrl_jax.rl import losses
 from agentrl_jax.rl.lm_head import TokenStats, token_stats
 
@@ -443,7 +443,7 @@ class Learner:
 
     def _router_stats(self, model, batch, out):
         """With the router's auxiliary loss on: adds "router_aux" and "router_load_max" [B],
-        this (micro)batch's load-balancing loss (``decoder.load_balancing_loss``, as
+        this (micro)batch's load-balancing loss (``moe.load_balancing_loss``, as
         transformers' over the real tokens of every sparse layer) and its most loaded expert's
         share of the routing choices times E (1 is a perfect balance), on every row. The router
         logits come from a pass of their own (``Trunk.router_logits``)."""
@@ -452,8 +452,8 @@ class Learner:
         tokens, mask = batch["tokens"], batch["mask"]
         logits = model.trunk.router_logits(tokens, mask_bt=mask)
         k, e = model.cfg.num_experts_per_tok, model.cfg.num_experts
-        aux = decoder.load_balancing_loss(logits, mask, k)
-        load = jax.lax.stop_gradient(jnp.max(decoder.load_balance(logits, mask, k)) * e)
+        aux = moe.load_balancing_loss(logits, mask, k)
+        load = jax.lax.stop_gradient(jnp.max(moe.load_balance(logits, mask, k)) * e)
         rows = tokens.shape[:1]
         out["router_aux"] = jnp.broadcast_to(aux, rows)
         out["router_load_max"] = jnp.broadcast_to(load, rows)
