@@ -154,6 +154,12 @@ def test_config_refusals():
         ModelConfig(**base, mlp_only_layers=(1,), scan_layers=True)
     with pytest.raises(ValueError, match=r"num_experts_per_tok=5 exceeds num_experts=4"):
         ModelConfig(**{**base, "num_experts_per_tok": 5})
+    with pytest.raises(ValueError, match=r"mlp_only_layers: \[3\] are not layer indices"):
+        ModelConfig(**base, mlp_only_layers=(3,))
+    with pytest.raises(ValueError, match="router_aux_loss=True needs routed experts.*no sparse"):
+        ModelConfig(**base, mlp_only_layers=(0, 1, 2), router_aux_loss=True)
+    with pytest.raises(ValueError, match="router_aux_loss_coef must be a number >= 0"):
+        ModelConfig(**base, router_aux_loss_coef=-1.0)
     with pytest.raises(ValueError, match="moe_intermediate_size must be a positive int"):
         ModelConfig(**{**base, "moe_intermediate_size": 0})
     with pytest.raises(ValueError, match=r"\['gate', 'up', 'down'\] are not supported"):
@@ -215,7 +221,19 @@ def test_router_aux_loss_is_added_to_the_training_loss():
     print(f"nll {float(nll):.6f}, load-balancing loss {whole:.6f}, total {float(total):.6f}")
     assert abs(float(metrics["moe/router_aux_loss"]) - whole) <= 1e-6
     assert abs(float(total) - (float(nll) + 0.5 * whole)) <= 1e-6
-    assert float(metrics["moe/expert_load_max"]) >= 1.0
+    from agentrl_jax.models import moe
+
+    load_max = (
+        np.max(
+            np.asarray(
+                moe.load_balance(
+                    on.trunk.router_logits(tokens, mask_bt=batch["mask"]), batch["mask"], 2
+                )
+            )
+        )
+        * 4
+    )
+    assert abs(float(metrics["moe/expert_load_max"]) - load_max) <= 1e-6
     # Two microbatches (strided rows: 0, 2 and 1, 3): each its own loss, averaged.
     learner = Learner(on, None, optax.sgd(0.0), microbatch_size=2)
     state = learner.init(on)
@@ -223,3 +241,11 @@ def test_router_aux_loss_is_added_to_the_training_loss():
     halves = [reference(np.asarray(split_rows(jnp.arange(4), 2)[i])) for i in range(2)]
     assert abs(float(step_metrics["moe/router_aux_loss"]) - np.mean(halves)) <= 1e-6
     assert abs(float(step_metrics["losses/total"]) - (float(nll) + 0.5 * np.mean(halves))) <= 1e-5
+    # A microbatch of padding rows only (rows 1 and 3 empty): it adds nothing, and the step is
+    # finite (no 0 / 0) and taken; the aux term is the other microbatch's.
+    empty = {**batch, "mask": batch["mask"].at[1::2].set(0.0)}
+    empty["loss_mask"] = empty["loss_mask"].at[1::2].set(0.0)
+    empty["step_ids"] = jnp.where(empty["loss_mask"] > 0, empty["step_ids"], -1)
+    _, step_metrics = learner.sft_step(learner.init(on), empty)
+    assert float(step_metrics["train/skipped_nonfinite"]) == 0.0
+    assert abs(float(step_metrics["moe/router_aux_loss"]) - halves[0]) <= 1e-6

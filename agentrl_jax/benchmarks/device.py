@@ -187,6 +187,11 @@ def matmul_peak_tflops(n: int) -> float:
 
 def matmul_params(cfg: ModelConfig) -> tuple[int, int]:
     """(trunk, head): parameters in the decoder layers' matmuls, and in the LM head's."""
+    if cfg.num_experts:
+        raise ValueError(
+            f"FLOPs are counted for dense MLPs; a model with routed experts (num_experts="
+            f"{cfg.num_experts}) is not counted here"
+        )
     d, f, h, kv, hd = (
         cfg.hidden_size,
         cfg.intermediate_size,

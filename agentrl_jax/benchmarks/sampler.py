@@ -356,6 +356,11 @@ def _prefill_flops(cfg: ModelConfig, batch: int, prompt_len: int, *, last_only: 
     causal attention (the average token attends to (P + 1) / 2 keys). The LM head is not
     counted: a prefill needs it at one position. With ``last_only`` the last layer computes keys
     and values everywhere but everything else at each row's last position only."""
+    if cfg.num_experts:
+        raise ValueError(
+            f"FLOPs are counted for dense MLPs; a model with routed experts (num_experts="
+            f"{cfg.num_experts}) is not counted here"
+        )
     d, f, n, k, h = (
         cfg.hidden_size,
         cfg.intermediate_size,

@@ -271,7 +271,26 @@ class ModelConfig:
     def _check_experts(self):
         """The routed-expert fields (``num_experts`` > 0) are consistent."""
         object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        coef = self.router_aux_loss_coef
+        if isinstance(coef, bool) or not isinstance(coef, int | float) or coef < 0:
+            raise ValueError(
+                f"ModelConfig.router_aux_loss_coef must be a number >= 0, got {coef!r}"
+            )
+        bad = [
+            i
+            for i in self.mlp_only_layers
+            if not isinstance(i, int) or not 0 <= i < self.num_layers
+        ]
+        if bad:
+            raise ValueError(
+                f"ModelConfig.mlp_only_layers: {bad} are not layer indices in "
+                f"[0, {self.num_layers})"
+            )
         if not self.num_experts:
+            if self.router_aux_loss:
+                raise ValueError(
+                    "ModelConfig.router_aux_loss=True needs routed experts, but num_experts=0"
+                )
             return
         for name in ("num_experts", "num_experts_per_tok", "moe_intermediate_size"):
             value = getattr(self, name)
@@ -288,6 +307,12 @@ class ModelConfig:
             raise ValueError(
                 f"ModelConfig.decoder_sparse_step must be a positive int, got "
                 f"{self.decoder_sparse_step!r}"
+            )
+        if self.router_aux_loss and not any(self.sparse_layers):
+            raise ValueError(
+                "ModelConfig.router_aux_loss=True needs routed experts, but the model has no "
+                f"sparse layer (num_experts={self.num_experts}, mlp_only_layers="
+                f"{list(self.mlp_only_layers)}, decoder_sparse_step={self.decoder_sparse_step})"
             )
         if self.scan_layers and len(set(self.sparse_layers)) > 1:
             raise ValueError(

@@ -40,19 +40,20 @@ def load_balance(router_logits_lbte: jax.Array, mask_bt: jax.Array | None, top_k
     """[L', E] each sparse layer's fraction of the real tokens' routing choices that went to
     each expert (rows sum to 1; 1 / E everywhere is a perfect balance)."""
     picked, _, tokens = _routing_sums(router_logits_lbte, mask_bt, top_k)
-    return picked / (tokens * top_k)
+    return picked / (jnp.maximum(tokens, 1.0) * top_k)
 
 
 def load_balancing_loss(router_logits_lbte: jax.Array, mask_bt: jax.Array | None, top_k: int):
     """The Switch Transformer's load-balancing loss as transformers'
-    ``load_balancing_loss_func`` computes it: E * sum_e f_e P_e, with f_e the share of (token,
-    choice) pairs routed to expert e and P_e its mean router probability, both averaged over the
-    real tokens of every sparse layer together (1.0 * k at a perfect balance... up to E at
-    worst: its minimum is k, every expert picked k / E of the time with probability 1 / E)."""
+    ``load_balancing_loss_func`` computes it: E * sum_e f_e P_e, with f_e the number of times
+    expert e was picked per token (the f_e sum to k) and P_e its mean router probability, both
+    over the real tokens of every sparse layer together: k when routing is uniform, at most E.
+    0 when there is no real token."""
     picked, probs, tokens = _routing_sums(router_logits_lbte, mask_bt, top_k)
     layers, e = picked.shape
-    f = jnp.sum(picked, axis=0) / (layers * tokens)
-    p = jnp.sum(probs, axis=0) / (layers * tokens)
+    # No real token (a microbatch of padding rows): 0, not 0 / 0.
+    f = jnp.sum(picked, axis=0) / (layers * jnp.maximum(tokens, 1.0))
+    p = jnp.sum(probs, axis=0) / (layers * jnp.maximum(tokens, 1.0))
     return e * jnp.sum(f * p)
 
 
@@ -93,7 +94,9 @@ class MoE(nnx.Module):
             router_out.append(logits_bte)
         weights_btk, experts_btk = route(logits_bte, cfg.num_experts_per_tok, cfg.norm_topk_prob)
         # [B, T, E]: a token's weight on each expert, zero off its top k (cast as transformers
-        # casts the top-k weights to the logits' dtype).
+        # casts the top-k weights to the logits' dtype). The weight scales the expert's hidden
+        # activations before down_proj, where transformers scales its output after: the same
+        # in f32, rounded differently in bf16.
         onehot = jax.nn.one_hot(experts_btk, cfg.num_experts, dtype=jnp.float32)
         combine_bte = jnp.einsum("btk,btke->bte", weights_btk, onehot).astype(dt)
         gate = jnp.einsum("btd,edf->btef", x_btd, self.gate_weight_edf[...].astype(dt))

@@ -443,10 +443,11 @@ class Learner:
 
     def _router_stats(self, model, batch, out):
         """With the router's auxiliary loss on: adds "router_aux" and "router_load_max" [B],
-        this (micro)batch's load-balancing loss (``moe.load_balancing_loss``, as
+        on each row with real tokens ("router_rows" [B]: 1 there, else 0) this (micro)batch's
+        load-balancing loss (``moe.load_balancing_loss``, as
         transformers' over the real tokens of every sparse layer) and its most loaded expert's
-        share of the routing choices times E (1 is a perfect balance), on every row. The router
-        logits come from a pass of their own (``Trunk.router_logits``)."""
+        share of the routing choices times E (1 is a perfect balance). The router logits come
+        from a pass of their own (``Trunk.router_logits``)."""
         if self.router_aux_coef is None:
             return out
         tokens, mask = batch["tokens"], batch["mask"]
@@ -454,9 +455,12 @@ class Learner:
         k, e = model.cfg.num_experts_per_tok, model.cfg.num_experts
         aux = moe.load_balancing_loss(logits, mask, k)
         load = jax.lax.stop_gradient(jnp.max(moe.load_balance(logits, mask, k)) * e)
-        rows = tokens.shape[:1]
-        out["router_aux"] = jnp.broadcast_to(aux, rows)
-        out["router_load_max"] = jnp.broadcast_to(load, rows)
+        # Rows with real tokens carry the (micro)batch's values; a padding row weighs nothing,
+        # so a microbatch of padding rows adds nothing to the mean.
+        has_tokens = (jnp.sum(mask, axis=1) > 0).astype(jnp.float32)
+        out["router_rows"] = has_tokens
+        out["router_aux"] = aux * has_tokens
+        out["router_load_max"] = load * has_tokens
         return out
 
     def _with_router_terms(self, terms, metrics, stats):
@@ -465,7 +469,7 @@ class Learner:
         computes it per forward pass), and its metrics."""
         if "router_aux" not in stats:
             return terms, metrics
-        rows = jnp.float32(stats["router_aux"].shape[0])
+        rows = jnp.sum(stats["router_rows"])
         aux = kernels.Weighted(jnp.sum(stats["router_aux"]), rows)
         terms = {**terms, "moe/router_aux": (self.router_aux_coef, aux)}
         metrics = {**metrics, "moe/router_aux_loss": aux}
