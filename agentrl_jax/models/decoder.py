@@ -539,17 +539,22 @@ class Trunk(nnx.Module):
         under teacher forcing: what ``load_balance`` and ``load_balancing_loss`` read. The
         layers run unrolled (a scanned model's are sliced), without remat."""
         cfg = self.cfg
-        b, t = tokens_bt.shape
-        mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)
-        positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
-        mask_bts = jnp.tril(jnp.ones((t, t), jnp.bool_))[None] & mask_bt[:, None, :]
-        full, local = self._views(positions_bt, positions_bt, mask_bts)
+        full, local = self._teacher_forcing_views(tokens_bt.shape, mask_bt)
         x_btd, out = self._embed(tokens_bt), []
         for i, layer in enumerate(unroll_layers(self).layers):
             x_btd, _ = layer(x_btd, *(local if cfg.sliding_layers[i] else full), router_out=out)
         if not out:
             raise ValueError("router_logits: the model has no sparse layers (num_experts=0)")
         return jnp.stack(out)
+
+    def _teacher_forcing_views(self, shape_bt, mask_bt):
+        """``_views`` of a chunk attending within itself: positions follow ``mask_bt`` (1 on
+        real tokens; None: all), causal and padding-masked."""
+        b, t = shape_bt
+        mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)
+        positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
+        mask_bts = jnp.tril(jnp.ones((t, t), jnp.bool_))[None] & mask_bt[:, None, :]
+        return self._views(positions_bt, positions_bt, mask_bts)
 
     def _views(self, positions_bt, key_positions_bs, mask_bts):
         """What a layer attends with, ``(cos_bth, sin_bth, mask_bts)``: the full-attention
@@ -644,11 +649,7 @@ class Trunk(nnx.Module):
         x_btd = self._embed(tokens_bt)
 
         if cache is None:
-            mask_bt = jnp.ones((b, t), jnp.bool_) if mask_bt is None else mask_bt.astype(jnp.bool_)
-            positions_bt = jnp.maximum(jnp.cumsum(mask_bt, axis=1) - 1, 0)
-            causal_ts = jnp.tril(jnp.ones((t, t), jnp.bool_))
-            mask_bts = causal_ts[None] & mask_bt[:, None, :]
-            views = self._views(positions_bt, positions_bt, mask_bts)
+            views = self._teacher_forcing_views((b, t), mask_bt)
             x_btd = self._run_layers(x_btd, views, lora_dropout_key)
             return self.final_norm(x_btd), None
 

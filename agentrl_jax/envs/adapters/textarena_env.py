@@ -160,11 +160,16 @@ def check_game(game_id: str, admissible_commands: bool = False) -> None:
     ``admissible_commands`` asks for the valid moves of a game whose moves are not known here."""
     _, game = make(game_id)
     if admissible_commands and rules(game) is None:
-        raise ValueError(
-            f"env.kwargs.admissible_commands=True lists a game's valid moves, but textarena game "
-            f"{game_id!r} ({type(game).__name__}) has no known move list; games with one: "
-            f"{', '.join(sorted(GAME_RULES))} (agentrl_jax/envs/adapters/textarena_env.py)"
-        )
+        raise _no_move_list(game_id, game)
+
+
+def _no_move_list(game_id: str, game) -> ValueError:
+    """The refusal of ``admissible_commands=True`` for a game without ``GAME_RULES``."""
+    return ValueError(
+        f"env.kwargs.admissible_commands=True lists a game's valid moves, but textarena game "
+        f"{game_id!r} ({type(game).__name__}) has no known move list; games with one: "
+        f"{', '.join(sorted(GAME_RULES))} (agentrl_jax/envs/adapters/textarena_env.py)"
+    )
 
 
 class TextArenaEnv(Env):
@@ -221,7 +226,7 @@ class TextArenaEnv(Env):
             self._game_id = game_id
             self._rules = rules(self.game)
             if self.admissible_commands and self._rules is None:
-                check_game(game_id, admissible_commands=True)  # raises, naming the known games
+                raise _no_move_list(game_id, self.game)
         self.task, self.steps = task, 0
         self.game.reset(num_players=1, seed=int(task.param("seed")))
         text = self._messages()
