@@ -33,7 +33,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # 8 moves: the expert's 6 and room for two detours.
     c.env.update(
         name="textarena",
-        kwargs=dict(max_steps=8, admissible_commands=True),
+        kwargs=dict(max_steps=8, admissible_commands=True, reward="game"),
         train_levels=(GAME,),
         eval_levels=(GAME,),
         # 40 boards for the demonstrations, the rest for RL (task_pool="unseen") and the

@@ -194,6 +194,18 @@ def test_textarena_frozenlake_lists_moves_and_its_expert_solves_every_board():
     move = "down" if hole[0] else "up"
     _, reward, done, info = env.step(move)
     assert done and not info["won"] and 0.0 < reward < 1.0 and not info["invalid_action"]
+    # reward="sparse" pays for winning only; the game's own reward stays in info["score"].
+    sparse = registry.make_env("textarena", max_steps=8, admissible_commands=True, reward="sparse")
+    sparse.reset(tasks[0])
+    sparse.game.state.game_state["player_pos"] = (hole[0] - 1, hole[1]) if hole[0] else (1, hole[1])
+    _, reward, done, info = sparse.step(move)
+    assert done and not info["won"] and reward == 0.0 and 0.0 < info["score"] < 1.0
+    _, info, done = sparse.reset(tasks[1]), sparse.reset_info(), False
+    while not done:
+        _, reward, done, info = sparse.step(info["expert_action"])
+    assert info["won"] and reward == 1.0 == info["score"]
+    with pytest.raises(ValueError, match=r"textarena env.kwargs.reward: expected one of"):
+        registry.make_env("textarena", reward="dense")
     with pytest.raises(ValueError, match=r"'GuessTheNumber-v0' \(GuessTheNumberEnv\) has no known"):
         make_tasks("textarena", "GuessTheNumber-v0", "train", 1, {"admissible_commands": True})
 

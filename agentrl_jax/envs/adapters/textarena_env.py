@@ -8,9 +8,12 @@ the square brackets the games parse); observations are read from the game itself
 messages the game sent since the last one (the prompt first, then its answers; the player's own
 echoed move left out), so the policy sees each message once and the context grows by turns.
 
-Rewards come at the end, TextArena's own (``state.rewards[0]``: 1 on a solved game, a partial
-completion score or -1 otherwise, per game); an episode is won when that reward is at least
-``win_reward`` (1). A move the game rejects (``set_invalid_move``) is an invalid action. The
+Rewards come at the end. With ``reward="game"`` (the default) they are TextArena's own
+(``state.rewards[0]``: 1 on a solved game, a partial completion score or -1 otherwise, per game);
+with ``reward="sparse"`` they are 1 on a won episode and 0 otherwise, so a policy is paid for
+winning only (FrozenLake's game reward pays up to 0.95 for walking into a hole near the goal).
+Either way ``info["score"]`` is the game's own reward, and an episode is won when that is at
+least ``win_reward`` (1). A move the game rejects (``set_invalid_move``) is an invalid action. The
 state key is the game, the seed and TextArena's ``game_state`` dict (the engine's state: the
 secret, the history it keeps), so GiGPO groups two episodes exactly when the engine's record of
 them is equal. TextArena seeds Python's global ``random`` on reset (its games draw from it), so
@@ -35,6 +38,7 @@ from typing import Any
 from agentrl_jax.envs.base import Env, Observation, Task, stable_key
 
 PLAYER = 0
+REWARD_MODES = ("game", "sparse")
 
 
 # ---------------------------------------------------------------------------- known games
@@ -182,6 +186,8 @@ class TextArenaEnv(Env):
       game_kwargs: keyword arguments for ``textarena.make`` (a game's own settings).
       admissible_commands: list the game's valid moves in each observation (games in
         ``GAME_RULES`` only).
+      reward: ``"game"``, TextArena's own final reward; ``"sparse"``, 1 for a won episode and 0
+        otherwise.
     """
 
     def __init__(
@@ -190,7 +196,13 @@ class TextArenaEnv(Env):
         win_reward: float = 1.0,
         game_kwargs: dict | None = None,
         admissible_commands: bool = False,
+        reward: str = "game",
     ):
+        if reward not in REWARD_MODES:
+            raise ValueError(
+                f"textarena env.kwargs.reward: expected one of {REWARD_MODES}, got {reward!r}"
+            )
+        self.reward = reward
         self.max_steps = max_steps
         self.win_reward = win_reward
         self.game_kwargs = dict(game_kwargs or {})
@@ -242,17 +254,19 @@ class TextArenaEnv(Env):
         errors = state.error_count
         done, _ = self.wrapped.step(action if isinstance(action, str) else repr(action))
         invalid = state.error_count > errors or bool(state.game_info[PLAYER].get("invalid_move"))
-        reward = float((state.rewards or {}).get(PLAYER, 0.0)) if done else 0.0
+        score = float((state.rewards or {}).get(PLAYER, 0.0)) if done else 0.0
+        won = bool(done) and score >= self.win_reward
+        reward = score if self.reward == "game" else float(won)
         truncated = not done and self.steps >= self.max_steps
         feedback = self._messages()
         if done and state.game_info[PLAYER].get("reason"):
             feedback = f"{feedback}\n{state.game_info[PLAYER]['reason']}".strip()
         info = {
-            "won": bool(done) and reward >= self.win_reward,
+            "won": won,
             "invalid_action": invalid,
             "truncated": truncated,
             "steps": self.steps,
-            "score": reward,
+            "score": score,
             "state_key": self._state_key(),
             "expert_action": None if done or truncated else self._expert(),
         }
