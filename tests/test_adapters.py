@@ -216,7 +216,7 @@ def test_frozenlake_recipe_and_study_resolve():
         assert config.rollout.constrain_actions and dict(config.env.kwargs)["admissible_commands"]
     study = study_spec.load_study(LAKE_STUDY)
     assert study.seeds == (0, 1, 2) and set(study.variants) == {"sft_rl", "sft_only"}
-    for variant, demos in (("sft_rl", 40), ("sft_only", 104)):
+    for variant, demos in (("sft_rl", 40), ("sft_only", 168)):
         config = from_config_dict(study_spec.cell_config(study, variant, 0))
         assert budget_lib.from_config(config.budget).num_demos == demos
         assert config.env.report_levels == ("FrozenLake-v0@test",)

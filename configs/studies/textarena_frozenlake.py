@@ -5,12 +5,12 @@ r"""Does RL improve the tiny policy on another project's environment? TextArena'
 
 The recipe (configs/textarena_frozenlake.py): TextArena's ``FrozenLake-v0`` through the textarena
 adapter, constrained decoding among the moves the engine accepts, 40 expert demonstrations (a
-shortest hole-free path, read from the engine's state), then 20 GRPO iterations of 32 episodes
-on boards no demonstration showed; 1,040 units in the practitioner's guide's units (a
-demonstration costs 10 episodes).
+shortest hole-free path, read from the engine's state), then 20 GRPO iterations of 8 boards x 8
+episodes on boards no demonstration showed, rewarded 1 for a win and 0 otherwise; 1,680 units in
+the practitioner's guide's units (a demonstration costs 10 episodes).
 
 - ``sft_rl`` (the reference): the recipe.
-- ``sft_only``: the whole budget on SFT, 104 demonstrations, no RL.
+- ``sft_only``: the whole budget on SFT, 168 demonstrations, no RL.
 
 300 test boards (seeds no training or tuning read), greedy, constrained decoding, three seeds.
 The bar (issue #43): the ``sft_rl`` cells' RL gain, final success minus the same cell's success
