@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.models import CausalLM, KVCache, ModelConfig, ValueModel, preset
+from agentrl_jax.models import CausalLM, KVCache, ModelConfig, ValueModel, decoder, preset
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
 
 
@@ -66,6 +66,77 @@ def test_padding_left_and_right_matches_unpadded(policy):
     logits, _ = _forward(policy, batch, mask)
     assert float(jnp.max(jnp.abs(logits[0, 3:] - ref[0]))) <= 1e-5
     assert float(jnp.max(jnp.abs(logits[1, :6] - ref[0]))) <= 1e-5
+
+
+# A Gemma 3 style decoder: a sliding-window layer (window 500) before a global one, each with its
+# RoPE base, q/k norms, (1 + w) and sandwich norms, scaled embeddings, GELU.
+_GEMMA3_STYLE = TEST_CONFIG.replace(
+    family="gemma3_text",
+    attention_bias=False,
+    qk_norm=True,
+    norm_plus_one=True,
+    sandwich_norms=True,
+    embed_scale=True,
+    hidden_act="gelu_tanh",
+    query_pre_attn_scalar=24,
+    layer_types=("sliding_attention", "full_attention"),
+    sliding_window=500,
+    rope_local_theta=10_000.0,
+)
+
+
+def _masked_ce_loss(model, tokens, mask):
+    """The mean next-token loss over a padded batch's real tokens, and the logits."""
+    logits, _ = model(tokens, mask_bt=mask)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], axis=-1)
+    weight = mask[:, :-1] * mask[:, 1:]
+    return -jnp.sum(logp[..., 0] * weight) / jnp.sum(weight), logits
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3_sliding"])
+def test_long_teacher_forcing_attends_in_causal_bands_equal_to_one_pass(family, monkeypatch):
+    cfg = TEST_CONFIG if family == "qwen2" else _GEMMA3_STYLE
+    cfg = cfg.replace(max_position_embeddings=4096)
+    model = _init(CausalLM, cfg)
+    # ALFWorld's whole-episode rows: 3,072 tokens, one row full, one left-padded, one
+    # right-padded. Each row's queries go in 16 chunks of 192, which the bands group by 2.
+    t = 3072
+    mask = np.zeros((3, t), np.int32)
+    mask[0] = 1
+    mask[1, t - 2300 :] = 1
+    mask[2, :2072] = 1
+    tokens, mask = _tokens((3, t), seed=4) * mask, jnp.asarray(mask)
+    assert decoder.causal_bands(cfg, 3, t) == 8
+
+    chunks = []
+    lax_map = jax.lax.map
+    monkeypatch.setattr(
+        jax.lax, "map", lambda f, xs: chunks.append(xs[0].shape[0]) or lax_map(f, xs)
+    )
+
+    def logits_and_grads():
+        chunks.clear()
+        # A new function each time: traced again under the current _CAUSAL_BANDS.
+        step = jax.jit(nnx.value_and_grad(lambda *a: _masked_ce_loss(*a), has_aux=True))
+        (loss_value, logits), grads = step(model, tokens, mask)
+        return np.asarray(logits), float(loss_value), jax.tree.leaves(grads), list(chunks)
+
+    banded, banded_loss, banded_grads, banded_chunks = logits_and_grads()
+    monkeypatch.setattr(decoder, "_CAUSAL_BANDS", 1)
+    one_pass, one_pass_loss, one_pass_grads, one_pass_chunks = logits_and_grads()
+    # Per layer, 8 bands of 2 query chunks (over 384, 768, ... 3,072 keys) against 16 chunks
+    # over all 3,072 keys (the sliding layer too: its window is a mask over the same keys).
+    assert banded_chunks == [2] * 8 * cfg.num_layers
+    assert one_pass_chunks == [16] * cfg.num_layers
+    # The real tokens' logits (a left-padding query sees no key: nothing reads it) and the
+    # update's loss and gradients: equal up to f32 rounding (the sums' order).
+    real = np.asarray(mask, bool)
+    np.testing.assert_allclose(banded[real], one_pass[real], rtol=0, atol=1e-5)
+    assert abs(banded_loss - one_pass_loss) <= 1e-6
+    for a, b in zip(banded_grads, one_pass_grads, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
+    # Rows shorter than one chunk of scores (1,024 tokens and less) keep the one-pass path.
+    assert decoder.causal_bands(cfg, 64, 1024) == 1
 
 
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])

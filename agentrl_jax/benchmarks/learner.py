@@ -25,21 +25,37 @@ config has none), against the full fine-tune:
   and updated, Adam moments for them only, the KL reference the policy's own base
   (``Learner.base_state``);
 - reference: ``RLUpdate`` of the full fine-tune (every parameter, its moments, a reference copy).
+
+Workload ``long_teacher_forcing_tokens_per_s``: ALFWorld's learner passes (``LONG_CONFIG``,
+``configs/alfworld_tiny.py``'s model: the tiny preset, 4 layers of 256, over its 1,024-id
+tokenizer), the forward and backward pass of the next-token loss over ``LONG_ROWS`` whole-episode
+rows of 3,072 tokens (``--quick``: one of 2,048), attention's query chunks run in causal bands
+against in one pass:
+
+- ours: the decoder as it is: each band of a row's queries attends to the keys up to its own end
+  (``models/decoder.py`` ``_CAUSAL_BANDS``; ``keys_attended_ratio`` of the (query, key) pairs);
+- reference: the same program traced with ``_CAUSAL_BANDS = 1``: every query chunk over all keys.
+
+Both compiled first, then alternated (3 timed runs each; medians); ``max_abs_grad_diff``: the two
+sides' gradients apart (f32 rounding only).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from agentrl_jax.benchmarks.report import Report, peak_rss_mb
 from agentrl_jax.benchmarks.sampler import _row, interleaved
 from agentrl_jax.envs.base import Task
-from agentrl_jax.models import preset, registry
+from agentrl_jax.models import CausalLM, decoder, preset, registry
+from agentrl_jax.models.testing import random_model
 from agentrl_jax.rl import rl_batch
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.trajectory import Step, Trajectory
@@ -50,6 +66,11 @@ from agentrl_jax.run.config import from_config_dict, load_config_file
 LORA_RANK = 8
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_textworld.py")
 PAD = 0
+# ALFWorld's model (configs/alfworld_tiny.py: the tiny preset over its tokenizer's 1,024 ids)
+# and its whole-episode rows (``rollout.max_seq_len``); --quick: one row of 2,048 tokens.
+LONG_CONFIG = preset("tiny", vocab_size=1024)
+LONG_ROWS, LONG_LENGTH = 2, 3072
+QUICK_LONG_ROWS, QUICK_LONG_LENGTH = 1, 2048
 
 
 def synthetic_episodes(
@@ -163,6 +184,7 @@ def run(quick: bool) -> Report:
         config_dict.model.lora.rank = LORA_RANK
     lora_config = from_config_dict(config_dict)
     report.add(_lora_row(lora_config, policy, critic, trajs, tokens, 1 if quick else 3))
+    report.add(_long_row(quick))
     report.facts.update(
         config="configs/tiny_textworld.py" + (":test" if quick else ""),
         algo=spec.algo,
@@ -214,4 +236,65 @@ def _lora_row(config, policy, critic, trajs, tokens, repeats):
         full_params=count(sides["full"]["state"].policy),
         updates=lora["metrics"]["train/updates"],
         full_updates=sides["full"]["metrics"]["train/updates"],
+    )
+
+
+@contextlib.contextmanager
+def _causal_bands(count: int):
+    """Traces the decoder with ``count`` causal bands (1: every query chunk over all keys)."""
+    saved = decoder._CAUSAL_BANDS
+    decoder._CAUSAL_BANDS = count
+    try:
+        yield
+    finally:
+        decoder._CAUSAL_BANDS = saved
+
+
+def _long_row(quick: bool):
+    """The next-token loss's forward and backward pass over long rows, attention in causal bands
+    (ours) against in one pass (the reference), each compiled under its setting."""
+    rows, length = (QUICK_LONG_ROWS, QUICK_LONG_LENGTH) if quick else (LONG_ROWS, LONG_LENGTH)
+    graphdef, params = nnx.split(random_model(CausalLM, LONG_CONFIG, std=0.02))
+    tokens = jnp.asarray(
+        np.random.default_rng(0).integers(1, LONG_CONFIG.vocab_size, (rows, length))
+    )
+
+    def loss(params, tokens):
+        logits, _ = nnx.merge(graphdef, params)(tokens)
+        logp = jax.nn.log_softmax(logits[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    step = jax.jit(jax.value_and_grad(loss))
+    compiled, out = {}, {}
+    for name, bands in (("ours", decoder._CAUSAL_BANDS), ("reference", 1)):
+        with _causal_bands(bands):
+            compiled[name] = step.lower(params, tokens).compile()
+
+    def side(name):
+        def call():
+            out[name] = jax.block_until_ready(compiled[name](params, tokens))
+
+        return call
+
+    ours_runs, ref_runs = interleaved(side("ours"), side("reference"), 1 if quick else 3)
+    bands = decoder.causal_bands(LONG_CONFIG, rows, length)
+    (ours_loss, ours_grads), (ref_loss, ref_grads) = out["ours"], out["reference"]
+    grad_diff = max(
+        float(jnp.max(jnp.abs(a - b)))
+        for a, b in zip(jax.tree.leaves(ours_grads), jax.tree.leaves(ref_grads), strict=True)
+    )
+    return _row(
+        "long_teacher_forcing_tokens_per_s",
+        rows * length,
+        ours_runs,
+        ref_runs,
+        "tokens/s",
+        rows=rows,
+        row_length=length,
+        layers=LONG_CONFIG.num_layers,
+        hidden_size=LONG_CONFIG.hidden_size,
+        causal_bands=bands,
+        keys_attended_ratio=(bands + 1) / (2 * bands),
+        loss_diff=abs(float(ours_loss) - float(ref_loss)),
+        max_abs_grad_diff=grad_diff,
     )

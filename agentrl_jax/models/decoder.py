@@ -1,6 +1,6 @@
 """The decoder of every model family in flax.nnx, compatible with Hugging Face checkpoints.
 
-Grouped-query attention, rotary embeddings (rotate-half layout, the checkpoint's theta and
+Grouped-query attention, rotary embeddings (``models/rope.py``: rotate-half layout, the theta and
 scaling), RMSNorm, a gated MLP, tied or untied embeddings; the family's options in
 ``ModelConfig`` add what its architecture has: q/k/v biases (Qwen2), q/k norms (Qwen3, Gemma 3),
 Gemma's (1 + w) norms around attention and MLP, scaled embeddings, GELU, capped logits and
@@ -25,7 +25,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding
 
@@ -33,6 +32,7 @@ from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.models.moe import MoE
 from agentrl_jax.models.params import dense_init, ones, param, unstack_layers, zeros
+from agentrl_jax.models.rope import apply_rope, rope_tables
 from agentrl_jax.sharding import constrain, shard_model
 
 _NEG_INF = -1e30
@@ -174,49 +174,6 @@ def _norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs) -> RMSNorm:
     return RMSNorm(dim, cfg.rms_norm_eps, cfg.param_dtype, rngs=rngs, plus_one=cfg.norm_plus_one)
 
 
-def _scaled_inv_freq(head_dim: int, theta: float, scaling) -> np.ndarray:
-    """The inverse frequencies [H / 2] under a ``RopeScaling``, in f32 as transformers'
-    ``ROPE_INIT_FUNCTIONS`` compute them (a constant of the config)."""
-    inv_freq = (1.0 / (theta ** (np.arange(0, head_dim, 2) / head_dim))).astype(np.float32)
-    factor = np.float32(scaling.factor)
-    if scaling.kind == "linear":
-        return inv_freq / factor
-    # llama3: long wavelengths divided by the factor, short ones kept, a smooth blend between.
-    old = scaling.original_max_position_embeddings
-    low_wavelen = old / scaling.low_freq_factor
-    high_wavelen = old / scaling.high_freq_factor
-    wavelen = (2 * math.pi / inv_freq).astype(np.float32)
-    llama = np.where(wavelen > low_wavelen, inv_freq / factor, inv_freq).astype(np.float32)
-    smooth = (old / wavelen - scaling.low_freq_factor) / (
-        scaling.high_freq_factor - scaling.low_freq_factor
-    )
-    smoothed = (1 - smooth) * llama / factor + smooth * llama
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return np.where(medium, smoothed, llama).astype(np.float32)
-
-
-def rope_tables(positions_bt: jax.Array, head_dim: int, theta: float, scaling=None):
-    """cos and sin tables [B, T, H] for the rotate-half rotary layout (``scaling``: a
-    ``RopeScaling`` or None)."""
-    if scaling is None:
-        inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    else:
-        inv_freq = jnp.asarray(_scaled_inv_freq(head_dim, theta, scaling))
-    freqs_bth = positions_bt.astype(jnp.float32)[..., None] * inv_freq
-    emb = jnp.concatenate([freqs_bth, freqs_bth], axis=-1)
-    return jnp.cos(emb), jnp.sin(emb)
-
-
-def apply_rope(x_btnh: jax.Array, cos_bth: jax.Array, sin_bth: jax.Array) -> jax.Array:
-    """Rotates queries or keys [B, T, N, H] by their positions' angles (computed in f32)."""
-    dtype = x_btnh.dtype
-    x = x_btnh.astype(jnp.float32)
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    out = x * cos_bth[:, :, None, :] + rotated * sin_bth[:, :, None, :]
-    return out.astype(dtype)
-
-
 def at_positions(x_bt: jax.Array, position_b: jax.Array) -> jax.Array:
     """``x_bt[b, position_b[b]]`` for every row, keeping a length-1 position axis: [B, 1, ...]."""
     return x_bt[jnp.arange(x_bt.shape[0]), position_b][:, None]
@@ -300,7 +257,10 @@ class Attention(nnx.Module):
         if cache_kv is None:
             # The chunk's own keys and values, laid out as a cache row's.
             k_bkhs, v_bksh = k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
-            out_btkgh = _attention(q_btkgh, k_bkhs, v_bksh, mask_bts, cfg, slot_minor=True)
+            # Causal when every position queries: long rows attend in causal bands.
+            out_btkgh = _attention(
+                q_btkgh, k_bkhs, v_bksh, mask_bts, cfg, slot_minor=True, causal=query_b is None
+            )
             extra = None
         else:
             keys, v_bksh, write_bt, slot_minor = cache_kv
@@ -328,23 +288,16 @@ _SCORES_PER_CHUNK = 1 << 20
 # of a 512-token prompt over 8,192 slots) would otherwise hold 768 MiB of bf16 scores per chunk
 # on each of 8 chips.
 _SCORES_PER_BATCH_CHUNK = 1 << 28
+# A teacher-forced row too long for one chunk of scores (past 1,024 tokens) runs its query
+# chunks in up to this many causal bands (``_causal_band_count``): band i of the row's queries
+# attends only to the keys up to its own end, not to the later ones its causal mask would zero.
+# Bands of equal size attend (bands + 1) / (2 * bands) of the (query, key) pairs: 9/16 for 8.
+_CAUSAL_BANDS = 8
 
 
-def _attention(q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor: bool):
-    """[B, T, K, G, H] attention of T queries over S keys: a cache row's slots, or the chunk's own
-    keys (teacher forcing) laid out the same way.
-
-    The queries of a kv head, X = G * T of them, are the rows of one plain matmul against the
-    keys in the cache's layout (keys [B, K, H, S] when ``slot_minor``, else [B, K, S, H]; values
-    [B, K, S, H]): no copy or transpose of the cache. Long chunks over many keys are split into
-    query chunks (``_SCORES_PER_CHUNK``), run one after another. Scores are divided by the
-    square root of ``cfg.query_pre_attn_scalar`` (default: the head dim).
-    """
-    dt = cfg.dtype
-    scalar = cfg.query_pre_attn_scalar or q_btkgh.shape[-1]
-    b, t, kv, g, h = q_btkgh.shape
-    slots = v_bksh.shape[2]
-    scores_spec = "bkxh,bkhs->bkxs" if slot_minor else "bkxh,bksh->bkxs"
+def _query_chunk(b: int, t: int, slots: int, kv: int, g: int) -> int:
+    """Queries per chunk when B rows of T queries (G per kv head, K kv heads) attend over S keys:
+    T halved (down to 16, while it stays even) until a chunk's scores fit both budgets."""
     chunk = t
 
     def too_many(chunk):
@@ -353,8 +306,63 @@ def _attention(q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor:
 
     while too_many(chunk) and chunk % 2 == 0 and chunk > 16:
         chunk //= 2
+    return chunk
 
-    def attend(q_bckgh, mask_bcs):
+
+def _causal_band_count(b: int, t: int, kv: int, g: int) -> int:
+    """How many causal bands a teacher-forced pass of B rows of T tokens attends in (1: none).
+
+    Only rows whose own scores are too many for one chunk (T * T > ``_SCORES_PER_CHUNK``), which
+    run in query chunks anyway: shorter rows (the 768-token default runs) keep the one-pass
+    computation, bit for bit. A band is a whole number of query chunks, so the count is the
+    largest that divides the chunks up to ``_CAUSAL_BANDS``: 8 bands of 2 chunks for a
+    3,072-token row (16 chunks of 192), 4 bands of 1 for 2,048 tokens (4 chunks of 512).
+    """
+    if t * t <= _SCORES_PER_CHUNK:
+        return 1
+    chunks = t // _query_chunk(b, t, t, kv, g)
+    bands = max(1, min(_CAUSAL_BANDS, chunks))
+    while chunks % bands:
+        bands -= 1
+    return bands
+
+
+def causal_bands(cfg: ModelConfig, rows: int, length: int) -> int:
+    """The causal bands (``_CAUSAL_BANDS``) a teacher-forced pass of ``rows`` rows of ``length``
+    tokens attends in, 1 for none: it attends (bands + 1) / (2 * bands) of the row's (query,
+    key) pairs (with the masked ones) where one pass attends them all."""
+    kv = cfg.num_kv_heads
+    return _causal_band_count(rows, length, kv, cfg.num_heads // kv)
+
+
+def _attention(
+    q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor: bool, causal: bool = False
+):
+    """[B, T, K, G, H] attention of T queries over S keys: a cache row's slots, or the chunk's own
+    keys (teacher forcing) laid out the same way.
+
+    The queries of a kv head, X = G * T of them, are the rows of one plain matmul against the
+    keys in the cache's layout (keys [B, K, H, S] when ``slot_minor``, else [B, K, S, H]; values
+    [B, K, S, H]): no copy or transpose of the cache. Long chunks over many keys are split into
+    query chunks (``_SCORES_PER_CHUNK``), run one after another. Scores are divided by the
+    square root of ``cfg.query_pre_attn_scalar`` (default: the head dim).
+
+    ``causal``: the keys are the queries' own positions and ``mask_bts`` masks every key after
+    its query (teacher forcing, where every position queries). A long row's query chunks then
+    run in causal bands (``_causal_band_count``): each band's over the keys up to the band's
+    end, static slices, so a 3,072-token row attends 9/16 of the pairs one pass would. The
+    masked keys a band leaves out weigh exactly 0 after the softmax, so the outputs equal the
+    one pass's up to the sums' order, except at a query that sees no key at all (a left-padding
+    position): both give it some average of values, which nothing reads.
+    """
+    dt = cfg.dtype
+    scalar = cfg.query_pre_attn_scalar or q_btkgh.shape[-1]
+    b, t, kv, g, h = q_btkgh.shape
+    slots = v_bksh.shape[2]
+    scores_spec = "bkxh,bkhs->bkxs" if slot_minor else "bkxh,bksh->bkxs"
+    chunk = _query_chunk(b, t, slots, kv, g)
+
+    def attend(keys, v_bksh, q_bckgh, mask_bcs):
         c = q_bckgh.shape[1]
         q_bkxh = q_bckgh.transpose(0, 2, 3, 1, 4).reshape(b, kv, g * c, h)
         scores = jnp.einsum(scores_spec, q_bkxh, keys.astype(dt))
@@ -369,17 +377,34 @@ def _attention(q_btkgh, keys, v_bksh, mask_bts, cfg: ModelConfig, *, slot_minor:
         return out_bkxh.reshape(b, kv, g, c, h).transpose(0, 3, 1, 2, 4)
 
     if chunk == t:
-        return attend(q_btkgh, mask_bts)
-    n = t // chunk
-    q_nbckgh = q_btkgh.reshape(b, n, chunk, kv, g, h).swapaxes(0, 1)
-    mask_nbcs = mask_bts.reshape(b, n, chunk, slots).swapaxes(0, 1)
-    # Rematerialised: a gradient through the map would otherwise keep every chunk's scores and
-    # probabilities for the backward pass at once, [n, B, K, G * chunk, S] in f32 several times
-    # over (8 GiB of a Qwen2.5-1.5B update's 11.8 on a v5e chip at 8,192 tokens); each chunk's
-    # are recomputed as its gradient is taken. No effect without a gradient (the sampler).
+        return attend(keys, v_bksh, q_btkgh, mask_bts)
+    # Rematerialised: a gradient through the chunks would otherwise keep every chunk's scores
+    # and probabilities for the backward pass at once, [n, B, K, G * chunk, S] in f32 several
+    # times over (8 GiB of a Qwen2.5-1.5B update's 11.8 on a v5e chip at 8,192 tokens); each
+    # chunk's are recomputed as its gradient is taken. No effect without a gradient (the
+    # sampler).
     attend = jax.checkpoint(attend)
-    out_nbckgh = jax.lax.map(lambda a: attend(*a), (q_nbckgh, mask_nbcs))
-    return out_nbckgh.swapaxes(0, 1).reshape(b, t, kv, g, h)
+
+    def in_chunks(keys, v_bksh, q_bukgh, mask_bus):
+        """U queries over the given keys, ``chunk`` of them at a time, one after another."""
+        n = q_bukgh.shape[1] // chunk
+        if n == 1:
+            return attend(keys, v_bksh, q_bukgh, mask_bus)
+        q_nbckgh = q_bukgh.reshape(b, n, chunk, kv, g, h).swapaxes(0, 1)
+        mask_nbcs = mask_bus.reshape(b, n, chunk, mask_bus.shape[-1]).swapaxes(0, 1)
+        out_nbckgh = jax.lax.map(lambda a: attend(keys, v_bksh, *a), (q_nbckgh, mask_nbcs))
+        return out_nbckgh.swapaxes(0, 1).reshape(b, n * chunk, kv, g, h)
+
+    bands = _causal_band_count(b, t, kv, g) if causal else 1
+    if bands == 1:
+        return in_chunks(keys, v_bksh, q_btkgh, mask_bts)
+    size = t // bands
+    out = []
+    for i in range(bands):
+        lo, hi = i * size, (i + 1) * size
+        keys_i = keys[..., :hi] if slot_minor else keys[:, :, :hi]
+        out.append(in_chunks(keys_i, v_bksh[:, :, :hi], q_btkgh[:, lo:hi], mask_bts[:, lo:hi, :hi]))
+    return jnp.concatenate(out, axis=1)
 
 
 class MLP(nnx.Module):
