@@ -1,6 +1,7 @@
 """The Qwen2 modules on their own: padding, the KV cache, remat, the value model, presets."""
 
 import functools
+import math
 import re
 
 import jax
@@ -94,17 +95,22 @@ def _masked_ce_loss(model, tokens, mask):
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_sliding"])
-def test_long_teacher_forcing_attends_in_causal_bands_equal_to_one_pass(family, monkeypatch):
-    cfg = TEST_CONFIG if family == "qwen2" else _GEMMA3_STYLE
-    cfg = cfg.replace(max_position_embeddings=4096)
+@pytest.mark.parametrize("t", [384, pytest.param(3072, marks=pytest.mark.slow)])
+def test_long_teacher_forcing_attends_in_causal_bands_equal_to_one_pass(family, t, monkeypatch):
+    cfg = TEST_CONFIG if family == "qwen2" else _GEMMA3_STYLE.replace(sliding_window=t // 6)
+    cfg = cfg.replace(max_position_embeddings=4096)  # (the window a sixth of the row: it binds)
+    if t == 384:
+        # The chunk budget scaled to an eighth of the length: 16 query chunks of 24, as
+        # 3,072-token rows give 16 of 192 under the real one.
+        monkeypatch.setattr(decoder, "_SCORES_PER_CHUNK", 384 * 24)
     model = _init(CausalLM, cfg)
-    # ALFWorld's whole-episode rows: 3,072 tokens, one row full, one left-padded, one
-    # right-padded. Each row's queries go in 16 chunks of 192, which the bands group by 2.
-    t = 3072
+    # ALFWorld's whole-episode rows (3,072 tokens; the default run's 384, the budget scaled):
+    # one row full, one left-padded, one right-padded. Each row's queries go in 16 chunks,
+    # which the bands group by 2.
     mask = np.zeros((3, t), np.int32)
     mask[0] = 1
-    mask[1, t - 2300 :] = 1
-    mask[2, :2072] = 1
+    mask[1, t - t * 3 // 4 :] = 1
+    mask[2, : t * 2 // 3] = 1
     tokens, mask = _tokens((3, t), seed=4) * mask, jnp.asarray(mask)
     assert decoder.causal_bands(cfg, 3, t) == 8
 
@@ -124,8 +130,8 @@ def test_long_teacher_forcing_attends_in_causal_bands_equal_to_one_pass(family, 
     banded, banded_loss, banded_grads, banded_chunks = logits_and_grads()
     monkeypatch.setattr(decoder, "_CAUSAL_BANDS", 1)
     one_pass, one_pass_loss, one_pass_grads, one_pass_chunks = logits_and_grads()
-    # Per layer, 8 bands of 2 query chunks (over 384, 768, ... 3,072 keys) against 16 chunks
-    # over all 3,072 keys (the sliding layer too: its window is a mask over the same keys).
+    # Per layer, 8 bands of 2 query chunks (over t / 8, 2 t / 8, ... t keys) against 16 chunks
+    # over all t keys (the sliding layer too: its window is a mask over the same keys).
     assert banded_chunks == [2] * 8 * cfg.num_layers
     assert one_pass_chunks == [16] * cfg.num_layers
     # The real tokens' logits (a left-padding query sees no key: nothing reads it) and the
@@ -135,8 +141,8 @@ def test_long_teacher_forcing_attends_in_causal_bands_equal_to_one_pass(family, 
     assert abs(banded_loss - one_pass_loss) <= 1e-6
     for a, b in zip(banded_grads, one_pass_grads, strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
-    # Rows shorter than one chunk of scores (1,024 tokens and less) keep the one-pass path.
-    assert decoder.causal_bands(cfg, 64, 1024) == 1
+    # Rows shorter than one chunk of scores keep the one-pass path.
+    assert decoder.causal_bands(cfg, 64, math.isqrt(decoder._SCORES_PER_CHUNK)) == 1
 
 
 @pytest.mark.parametrize("platform", ["cpu", "tpu"])
