@@ -110,15 +110,17 @@ def memory_plan(
     (``multihost.local_mesh``) with that host's copy of the policy. None: one host.
 
     Returns:
-      {"devices", "mesh", "model", "sampler": {"mesh", "dtype", "owned", "params_bytes",
-      "f32_replica_bytes"}, "programs": [{"name", "shapes", "compile_s", "per_device_bytes":
-      {"arguments", "outputs", "temporaries", "aliased", "total", "resident", "peak"},
-      "analytic_bytes": {"params", "optimizer"}}], "largest"}. ``sampler`` is the sampler's
-      copy of the policy (``build.sync_sampler``): its mesh, dtype, whether it is a copy of
-      its own beside the train state, and its bytes per device, next to the whole policy in
-      float32 on every device (the replica multi-host runs used to hold); ``background``:
-      asynchronous RL's turn is resident beside ``score`` and ``rl_update``, whose
-      ``per_device_bytes`` then hold its bytes as ``rollout`` (in ``resident``).
+      {"devices", "mesh", "mesh_axes", "model", "sampler": {"mesh", "mesh_axes", "dtype",
+      "owned", "params_bytes", "f32_replica_bytes"}, "programs": [{"name", "shapes",
+      "compile_s", "per_device_bytes": {"arguments", "outputs", "temporaries", "aliased",
+      "total", "resident", "peak"}, "analytic_bytes": {"params", "optimizer"}}], "largest"}.
+      ``mesh`` and ``mesh_axes``: (data, fsdp, tp), and expert when ``config.mesh`` gives a
+      fourth size. ``sampler`` is the sampler's copy of the policy (``build.sync_sampler``):
+      its mesh, dtype, whether it is a copy of its own beside the train state, and its bytes
+      per device, next to the whole policy in float32 on every device (the replica multi-host
+      runs used to hold); ``background``: asynchronous RL's turn is resident beside ``score``
+      and ``rl_update``, whose ``per_device_bytes`` then hold its bytes as ``rollout`` (in
+      ``resident``).
 
     Raises:
       ValueError: the mesh needs more devices than there are, an unknown program name, or
@@ -214,8 +216,8 @@ def memory_plan(
         "rollout_devices": 0 if rollout_mesh is None else rollout_mesh.size,
         "platform": devices[0].platform,
         "device_kind": devices[0].device_kind,
-        "mesh": [int(mesh.shape[a]) for a in sharding.MESH_AXES],
-        "mesh_axes": list(sharding.MESH_AXES),
+        "mesh": [int(mesh.shape[a]) for a in mesh.axis_names],
+        "mesh_axes": list(mesh.axis_names),
         "model": {
             "source": config.model.checkpoint or config.model.preset,
             "params": model_cfg.num_params,
@@ -232,7 +234,8 @@ def memory_plan(
             },
         },
         "sampler": {
-            "mesh": [int(sampler_mesh.shape[a]) for a in sharding.MESH_AXES],
+            "mesh": [int(sampler_mesh.shape[a]) for a in sampler_mesh.axis_names],
+            "mesh_axes": list(sampler_mesh.axis_names),
             "own_devices": rollout_mesh is not None,
             "background": background,
             "dtype": np.dtype(model_cfg.dtype).name,
@@ -535,7 +538,8 @@ def format_table(plan: dict[str, Any]) -> str:
         copy += ", on devices of its own (config.rollout_mesh)"
     lines += [
         "",
-        f"sampler: mesh {dict(zip(plan['mesh_axes'], s['mesh']))}, {s['dtype']} parameters "
+        f"sampler: mesh {dict(zip(s.get('mesh_axes', plan['mesh_axes']), s['mesh']))}, "
+        f"{s['dtype']} parameters "
         f"({copy}): {gib(s['params_bytes'])} {unit} per device (the policy in float32 on every "
         f"device: {gib(s['f32_replica_bytes'])} {unit})",
     ]

@@ -48,7 +48,7 @@ from agentrl_jax.rollout.tool_calls import ToolCalling
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run import logs, multihost, workdir_config
 from agentrl_jax.run.checkpoint import Checkpointer
-from agentrl_jax.run.config import ConfigError, RunConfig
+from agentrl_jax.run.config import ConfigError, RunConfig, check_expert_axis
 from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 from agentrl_jax.sharding import create_sharded_model, make_mesh
 
@@ -546,13 +546,20 @@ def chat_template(config: RunConfig, tok) -> ChatTemplate:
 
 
 def device_mesh(config: RunConfig) -> Mesh | None:
-    """The run's (data, fsdp, tp) mesh (-1: all devices); None for a single device.
+    """The run's (data, fsdp, tp) mesh, or (data, fsdp, tp, expert) given four sizes (-1: all
+    devices the others leave); None for a single device.
 
     With ``config.rollout_mesh`` the learner's mesh is the first ``prod(config.mesh)`` devices
-    (a mesh even of one device: the rollout's are others)."""
+    (a mesh even of one device: the rollout's are others). An expert size left -1 by the config
+    (validated without a device count) is checked here against the model, once resolved.
+    """
     if config.rollout_mesh:
-        return make_mesh(config.mesh, jax.devices()[: math.prod(config.mesh)])
-    return make_mesh(config.mesh) if math.prod(config.mesh) != 1 else None
+        mesh = make_mesh(config.mesh, jax.devices()[: math.prod(config.mesh)])
+    else:
+        mesh = make_mesh(config.mesh) if math.prod(config.mesh) != 1 else None
+    if mesh is not None and -1 in config.mesh:
+        check_expert_axis(tuple(mesh.devices.shape), config.model)
+    return mesh
 
 
 def rollout_device_mesh(config: RunConfig, devices=None) -> Mesh | None:

@@ -23,6 +23,7 @@ from typing import Any
 import ml_collections
 
 from agentrl_jax import kernels
+from agentrl_jax.models.config import PRESETS
 from agentrl_jax.rl.spec import RLSpec
 from agentrl_jax.rollout.curriculum import CurriculumConfig
 from agentrl_jax.rollout.rollout import RolloutConfig
@@ -118,9 +119,11 @@ SECTIONS: dict[str, type] = {
 class RunConfig:
     seed: int = 0
     model: ModelSection
-    # (data, fsdp, tp); the product is the device count, and one size may be -1: the devices the
-    # others leave, e.g. (1, -1, 1) shards parameters over every device (FSDP).
-    mesh: tuple[int, int, int] = (1, 1, 1)
+    # (data, fsdp, tp), or (data, fsdp, tp, expert) for a model with routed experts (their
+    # weights split over the fourth axis, which must divide num_experts); the product is the
+    # device count, and one size may be -1: the devices the others leave, e.g. (1, -1, 1)
+    # shards parameters over every device (FSDP).
+    mesh: tuple[int, ...] = (1, 1, 1)
     # Disaggregated rollouts: (data, fsdp, tp) of a mesh of devices of their own, after the
     # learner's (one host); the sampler's copy of the policy moves there device to device after
     # each update. Empty: rollouts run on the learner's mesh.
@@ -154,16 +157,8 @@ class RunConfig:
         checks.number(
             "config.watchdog_s", self.watchdog_s, lambda v: v >= 0, ">= 0 seconds (0: off)"
         )
-        if (
-            len(self.mesh) != 3
-            or any(isinstance(x, bool) or not isinstance(x, int) for x in self.mesh)
-            or any(x < 1 and x != -1 for x in self.mesh)
-            or self.mesh.count(-1) > 1
-        ):
-            raise ConfigError(
-                f"config.mesh is {self.mesh}; expected three sizes (data, fsdp, tp), positive or "
-                "one -1 (the devices the others leave)"
-            )
+        _check_mesh_sizes(self.mesh)
+        check_expert_axis(self.mesh, self.model)
         _check_rollout_mesh(self.rollout_mesh)
         rl, rollout, env = self.rl, self.rollout, self.env
         spec = kernels.get_advantage_spec(rl.algo)
@@ -360,18 +355,81 @@ def _check_rollout_mesh(sizes) -> None:
         )
 
 
-def _mesh(value, num_devices: int | None) -> tuple[int, int, int]:
-    """``config.mesh``: (data, fsdp, tp) sizes; one may be -1, the devices the others leave.
+def _check_mesh_sizes(mesh) -> None:
+    """``config.mesh`` is three ints (data, fsdp, tp) or four (data, fsdp, tp, expert), each
+    positive or one of them -1."""
+    if (
+        len(mesh) not in (3, 4)
+        or any(isinstance(x, bool) or not isinstance(x, int) for x in mesh)
+        or any(x < 1 and x != -1 for x in mesh)
+        or mesh.count(-1) > 1
+    ):
+        raise ConfigError(
+            f"config.mesh is {mesh}; expected three sizes (data, fsdp, tp) or four (data, fsdp, "
+            "tp, expert), positive or one -1 (the devices the others leave)"
+        )
+
+
+def _num_experts(model: ModelSection) -> tuple[int, str]:
+    """The routed experts of the run's model and where that number comes from: the checkpoint's
+    config.json (the only file read), or the preset with ``config.model.overrides``."""
+    if model.checkpoint:
+        from agentrl_jax.models.hf_checkpoint import load_config
+
+        source = f"config.model.checkpoint={model.checkpoint!r}"
+        try:
+            return load_config(model.checkpoint).num_experts, source
+        except Exception as e:  # A missing or unreadable config.json: the reason, in one line.
+            raise ConfigError(
+                f"config.mesh has an expert axis, checked against the model's num_experts, but "
+                f"{source} gives none: {type(e).__name__}: {e}"
+            ) from e
+    source = f"config.model.preset={model.preset!r}"
+    overrides = dict(model.overrides)
+    if overrides:
+        source += f" with config.model.overrides={overrides}"
+    try:
+        return PRESETS[model.preset].replace(**overrides).num_experts, source
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"config.model.overrides={overrides}: {e}") from e
+
+
+def check_expert_axis(mesh, model: ModelSection) -> None:
+    """Refuses an ``expert`` size (``config.mesh``'s fourth) above 1 on a model without routed
+    experts, or one that does not divide its ``num_experts``: the rules would replicate the
+    experts over that axis instead of splitting them (``sharding.logical_to_spec``), silently.
+    A -1 there is checked once resolved (``from_config_dict`` with ``num_devices``, or
+    ``build.device_mesh``).
+
+    Raises:
+      ConfigError: naming ``config.mesh`` and the model's source.
+    """
+    if len(mesh) < 4 or mesh[3] in (1, -1):
+        return
+    expert = mesh[3]
+    num_experts, source = _num_experts(model)
+    if not num_experts:
+        raise ConfigError(
+            f"config.mesh={mesh} splits routed experts over {expert} devices (its fourth size, "
+            f"expert), but the model ({source}) has none; expected an expert size of 1, or three "
+            "sizes (data, fsdp, tp)"
+        )
+    if num_experts % expert:
+        raise ConfigError(
+            f"config.mesh={mesh}: its expert size {expert} does not divide the model's "
+            f"num_experts={num_experts} ({source}); expected a divisor of {num_experts}"
+        )
+
+
+def _mesh(value, num_devices: int | None) -> tuple[int, ...]:
+    """``config.mesh``: (data, fsdp, tp[, expert]) sizes; one may be -1, the devices the others
+    leave.
 
     With ``num_devices`` the product must equal it (a -1 is resolved against it); without, a -1
     stays for ``sharding.make_mesh`` to resolve against the devices it is given.
     """
     mesh = tuple(int(x) for x in value)
-    if len(mesh) != 3 or any(x < 1 and x != -1 for x in mesh) or mesh.count(-1) > 1:
-        raise ConfigError(
-            f"config.mesh is {mesh}; expected three sizes (data, fsdp, tp), positive or one -1 "
-            "(the devices the others leave)"
-        )
+    _check_mesh_sizes(mesh)
     if num_devices is None:
         return mesh
     known = math.prod(x for x in mesh if x != -1)
@@ -381,7 +439,7 @@ def _mesh(value, num_devices: int | None) -> tuple[int, int, int]:
         needs = f"a multiple of {known}" if -1 in mesh else str(known)
         raise ConfigError(
             f"config.mesh={mesh} needs {needs} devices; this run has {num_devices} (the product "
-            "of (data, fsdp, tp) must equal the device count)"
+            "of its sizes must equal the device count)"
         )
     return mesh
 
@@ -431,7 +489,10 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
             ) from e
         if isinstance(e, ConfigError):
             raise
-        raise ConfigError(f"config.mesh is {cd.get('mesh')!r}; expected three ints") from e
+        raise ConfigError(
+            f"config.mesh is {cd.get('mesh')!r}; expected three ints (data, fsdp, tp) or four "
+            "(data, fsdp, tp, expert)"
+        ) from e
     return RunConfig(
         seed=cd.get("seed", top["seed"]),
         mesh=mesh,
