@@ -262,6 +262,11 @@ def test_defaults_have_one_source():
         (dict(watchdog_s=-5.0), r"^config.watchdog_s is -5.0; expected >= 0 seconds \(0: off\)"),
         (dict(mesh=(1, 0, 1)), r"^config.mesh is \(1, 0, 1\); expected three sizes"),
         (
+            dict(mesh=(1, 1, 1, 1, 1)),
+            r"^config.mesh is \(1, 1, 1, 1, 1\); expected three sizes \(data, fsdp, tp\) or four "
+            r"\(data, fsdp, tp, expert\)",
+        ),
+        (
             dict(rollout=dict(max_new_tokens=768)),
             r"^config.rollout: rollout.max_new_tokens=768 leaves no room for a prompt in "
             r"rollout.max_seq_len=768",
@@ -276,7 +281,52 @@ def test_bad_combination_fails_at_validation_in_one_line(sections, match):
     assert "\n" not in str(e.value)
 
 
-def test_unknown_top_level_key_is_an_error():
+def test_mesh_takes_an_expert_axis_for_a_model_with_routed_experts(tmp_path):
+    """``config.mesh`` of four sizes: the fourth splits routed experts, so it is refused (naming
+    the field and the model) on a model without them or where it does not divide num_experts;
+    a -1 there is checked once resolved, by the config given a device count, or by the mesh."""
+    from agentrl_jax.models import hf_checkpoint as hc
+    from agentrl_jax.models.config import preset
+    from agentrl_jax.run import build
+
+    moe = dict(preset="qwen3-30b-a3b", overrides={})  # 128 routed experts
+    run = from_config_dict(_config(mesh=(1, 2, 1, 4), model=moe), num_devices=8)
+    assert run.mesh == (1, 2, 1, 4)
+    resolved = from_config_dict(_config(mesh=(1, 1, 1, -1), model=moe), num_devices=8)
+    assert resolved.mesh == (1, 1, 1, 8)
+    # An expert axis of 1 is a (data, fsdp, tp) mesh with a trivial fourth axis: any model.
+    assert from_config_dict(_config(mesh=(1, 2, 2, 1)), num_devices=4).mesh == (1, 2, 2, 1)
+    with pytest.raises(ConfigError) as e:
+        from_config_dict(_config(mesh=(1, 2, 1, 2)), num_devices=4)
+    assert str(e.value).startswith(
+        "config.mesh=(1, 2, 1, 2) splits routed experts over 2 devices (its fourth size, "
+        "expert), but the model (config.model.preset='tiny' with config.model.overrides="
+    )
+    assert "has none; expected an expert size of 1" in str(e.value)
+    with pytest.raises(ConfigError, match=r"^config.mesh=\(1, 1, 1, 3\): its expert size 3 does "
+                       r"not divide the model's num_experts=128 \(config.model.preset="
+                       r"'qwen3-30b-a3b'\); expected a divisor of 128$"):  # fmt: skip
+        from_config_dict(_config(mesh=(1, 1, 1, 3), model=moe), num_devices=3)
+    with pytest.raises(ConfigError, match=r"^config.mesh=\(1, 1, 1, 6\): its expert size 6"):
+        from_config_dict(_config(mesh=(1, 1, 1, -1), model=moe), num_devices=6)
+    # Without a device count the -1 stays; the run's mesh resolves it (8 devices) and checks it.
+    unresolved = from_config_dict(_config(mesh=(1, 1, 1, -1), model=moe))
+    assert unresolved.mesh == (1, 1, 1, -1)
+    assert dict(build.device_mesh(unresolved).shape) == dict(data=1, fsdp=1, tp=1, expert=8)
+    with pytest.raises(ConfigError, match=r"^config.mesh=\(1, 1, 1, 8\) splits routed experts"):
+        build.device_mesh(from_config_dict(_config(mesh=(1, 1, 1, -1))))
+    # A checkpoint's num_experts is its config.json's (num_experts, or num_local_experts).
+    ckpt = tmp_path / "moe"
+    ckpt.mkdir()
+    cfg = dict(preset="", checkpoint=str(ckpt), template="plain", overrides={})
+    with pytest.raises(ConfigError, match=r"^config.mesh has an expert axis.*config.json"):
+        from_config_dict(_config(mesh=(1, 1, 1, 2), model=cfg), num_devices=2)
+    experts = preset("qwen3-30b-a3b").with_layers(1).replace(num_experts=6, num_experts_per_tok=2)
+    (ckpt / "config.json").write_text(json.dumps(hc.config_to_hf(experts)))
+    assert from_config_dict(_config(mesh=(1, 1, 1, 3), model=cfg), num_devices=3).mesh[3] == 3
+    with pytest.raises(ConfigError, match=r"num_experts=6 \(config.model.checkpoint='"):
+        from_config_dict(_config(mesh=(1, 1, 1, 4), model=cfg), num_devices=4)
+
     cd = _config()
     with cd.unlocked():
         cd.seeed = 1
