@@ -27,6 +27,7 @@ from agentrl_jax.models.testing import (  # noqa: E402
 
 TOL = 1e-4  # logits and router logits against transformers / one device (as the family rows)
 LOSS_TOL = 1e-6  # the load-balancing loss on the same router logits
+TOL_MESH = 1e-5  # a sharded run against one device, f32 (tests/test_sharding.py's TOL)
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (  # noqa: E402
     load_balancing_loss_func,
 )
@@ -249,3 +250,90 @@ def test_router_aux_loss_is_added_to_the_training_loss():
     _, step_metrics = learner.sft_step(learner.init(on), empty)
     assert float(step_metrics["train/skipped_nonfinite"]) == 0.0
     assert abs(float(step_metrics["moe/router_aux_loss"]) - halves[0]) <= 1e-6
+
+
+@pytest.mark.slow  # two SFT steps compiled on one device and on 8 (~1.5 min on 2 cores)
+def test_run_config_expert_mesh_steps_as_one_device(tmp_path):
+    """A run whose ``config.mesh`` is (data, fsdp, tp, expert) = (1, 2, 1, 4), built as
+    ``launch.train`` builds it (``build.device_mesh``, ``build.policy`` from a Qwen3-MoE
+    checkpoint, ``build.sft_learner``), on 8 fake CPU devices: the experts' weights and their
+    Adam moments are split over ``expert``, and two SFT steps (the first at the warmup's zero
+    learning rate, the second moving the weights), with the router's auxiliary loss on, give
+    the metrics, parameters and Adam moments of the same run on one device within f32's 1e-5
+    (tests/test_sharding.py's bar).
+
+    The learning rate is 1e-3: the second step moves a weight by lr x g / (|g| + 1e-8) (both
+    steps see the same batch), so on a gradient entry near Adam's 1e-8 or below (an expert's
+    weight a token barely reaches) f32 rounding of g is scaled by lr x 1e-8 / (|g| + 1e-8)^2.
+    Measured: g = 2.41e-9 on one device and 2.39e-9 on the mesh moved that weight 1.75e-5
+    apart at lr 1e-2 (3.3e-5 at most over all weights), 3.3e-6 at most at lr 1e-3, while the
+    first moments (0.1 g after the first step) agree within 4e-9."""
+    import math
+
+    import train_cli
+
+    from agentrl_jax.run import build
+    from agentrl_jax.run.config import from_config_dict
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py's XLA_FLAGS)")
+    hf_cfg = _qwen3_moe("sparse")
+    hf_cfg.output_router_logits = True  # our router_aux_loss: the aux term in the SFT loss
+    ckpt = random_transformers_checkpoint(tmp_path / "moe", hf_cfg, seed=5, std=0.3)
+    rng = np.random.default_rng(0)
+    rows, seq = 8, 16
+    tokens = rng.integers(0, hf_cfg.vocab_size, (rows, seq)).astype(np.int32)
+    lengths = rng.integers(8, seq + 1, rows)
+    cols = np.arange(seq)[None, :]
+    mask = (cols < lengths[:, None]).astype(np.float32)
+    batch = {"tokens": tokens, "mask": mask, "loss_mask": mask * (cols >= 4)}
+    lr = 1e-3
+
+    results = {}
+    for shape in [(1, 1, 1), (1, 2, 1, 4)]:
+        cd = train_cli.tiny_config(
+            "test",
+            mesh=shape,
+            model=dict(checkpoint=str(ckpt), template="plain"),
+            sft=dict(learning_rate=lr, warmup_steps=1, microbatch_size=0),
+        )
+        config = from_config_dict(cd, num_devices=math.prod(shape))
+        assert config.mesh == shape
+        mesh = build.device_mesh(config)
+        policy = build.policy(config, hf_cfg.vocab_size, mesh)
+        assert policy.cfg.router_aux_loss and policy.cfg.num_experts == 8
+        learner = build.sft_learner(config, policy, total_steps=10, mesh=mesh)
+        state = learner.init(policy)
+        metrics = []
+        for _ in range(2):
+            state, step = learner.sft_step(state, learner.place_batch(batch))
+            metrics.append({k: float(v) for k, v in step.items()})
+        if mesh is not None:
+            assert dict(mesh.shape) == dict(data=1, fsdp=2, tp=1, expert=4)
+            gate = state.policy["trunk"]["layers"][0]["mlp"]["gate_weight_edf"].value
+            assert gate.sharding.spec == P("expert", "fsdp", "tp"), gate.sharding.spec
+            assert gate.addressable_shards[0].data.shape[0] == 8 // 4  # 2 experts a device
+            moments = [x for x in jax.tree.leaves(state.policy_opt) if x.shape == gate.shape]
+            assert len(moments) >= 2 and all(x.sharding == gate.sharding for x in moments)
+        results[shape] = (jax.tree.map(np.asarray, (state.policy, state.policy_opt)), metrics)
+
+    (single, single_metrics), (sharded, sharded_metrics) = results.values()
+    assert single_metrics[1]["moe/router_aux_loss"] > 0
+    for step, (want, got) in enumerate(zip(single_metrics, sharded_metrics)):
+        assert set(want) == set(got)
+        worst = max(want, key=lambda k: abs(want[k] - got[k]))
+        print(f"step {step}: loss {want['losses/total']:.6f}, metrics max |diff| "
+              f"{abs(want[worst] - got[worst]):.1e} ({worst})")  # fmt: skip
+        for k in want:
+            np.testing.assert_allclose(got[k], want[k], rtol=TOL_MESH, atol=TOL_MESH, err_msg=k)
+    start = jax.tree.leaves(nnx.state(hc.load_hf_model(ckpt), nnx.Param))
+    params, opt = zip(single, sharded)
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(start, jax.tree.leaves(params[0])))
+    diffs = [
+        max(float(np.abs(a - b).max()) for a, b in zip(*map(jax.tree.leaves, pair)))
+        for pair in (params, opt)
+    ]
+    print(f"parameters moved up to {moved:.1e}; mesh vs one device: parameters {diffs[0]:.1e}, "
+          f"Adam moments {diffs[1]:.1e}")  # fmt: skip
+    assert moved >= lr / 2  # the second step really moved the weights (Adam: about lr each)
+    assert max(diffs) <= TOL_MESH
