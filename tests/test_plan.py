@@ -1,6 +1,7 @@
 """The memory plan: every program of a run compiled abstractly, bytes per device, clear errors."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -346,3 +347,38 @@ def test_family_presets_plan(name):
     names = [p["name"] for p in result["programs"]]
     assert names == ["sampler_turn", "sft_step", "score", "rl_update"]
     assert all(p["per_device_bytes"]["total"] > 0 for p in result["programs"])
+
+
+@pytest.mark.slow  # ~4 min of compilation on 2 cores (13 when they are shared)
+def test_expert_axis_plans_the_experts_split_over_it():
+    """``config.mesh`` with a fourth size: the plan builds the (data, fsdp, tp, expert) mesh
+    and reports it (the sampler's too); every program compiles on it, and the SFT step holds
+    half the routed experts' weights a device on (1, 2, 1, 2) that it holds on (1, 2, 1, 1)."""
+    cd = load_config_file("configs/tiny_textworld.py:test")
+    cd.model.preset = "qwen3-30b-a3b"
+    cd.model.overrides = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )  # fmt: skip
+    plans = {}
+    for mesh, programs in [((1, 2, 1, 1), ("sft_step",)), ((1, 2, 1, 2), None)]:
+        cd.mesh = mesh
+        config = from_config_dict(cd, num_devices=math.prod(mesh))
+        plans[mesh] = json.loads(json.dumps(plan.memory_plan(config, programs=programs)))
+    result = plans[(1, 2, 1, 2)]
+    assert result["devices"] == 4 and result["mesh"] == [1, 2, 1, 2]
+    assert result["mesh_axes"] == ["data", "fsdp", "tp", "expert"]
+    assert result["sampler"]["mesh"] == [1, 2, 1, 2]
+    assert result["sampler"]["mesh_axes"] == result["mesh_axes"]
+    table = plan.format_table(result)
+    assert "mesh {'data': 1, 'fsdp': 2, 'tp': 1, 'expert': 2}" in table
+    assert "sampler: mesh {'data': 1, 'fsdp': 2, 'tp': 1, 'expert': 2}" in table
+    names = [p["name"] for p in result["programs"]]
+    assert names == ["sampler_turn", "sft_step", "score", "rl_update"]
+    # The routed experts: 2 layers x 8 experts x 3 x [64, 32] float32, halved by expert=2.
+    cfg = preset("qwen3-30b-a3b", **cd.model.overrides)
+    experts = cfg.num_layers * cfg.num_experts * 3 * 64 * 32 * 4
+    sft = {m: next(p for p in r["programs"] if p["name"] == "sft_step") for m, r in plans.items()}
+    params = {m: p["analytic_bytes"]["params"] for m, p in sft.items()}
+    assert params[(1, 2, 1, 1)] - params[(1, 2, 1, 2)] == experts // 2 // 2  # of fsdp's half
