@@ -349,7 +349,7 @@ def test_family_presets_plan(name):
     assert all(p["per_device_bytes"]["total"] > 0 for p in result["programs"])
 
 
-@pytest.mark.slow  # ~4 min of compilation on 2 cores (13 when they are shared)
+@pytest.mark.slow  # 1.5 min of CPU compiling; 6 to 13 min on a shared 2-core machine
 def test_expert_axis_plans_the_experts_split_over_it():
     """``config.mesh`` with a fourth size: the plan builds the (data, fsdp, tp, expert) mesh
     and reports it (the sampler's too); every program compiles on it, and the SFT step holds
