@@ -1,14 +1,17 @@
 """Continuous batching: the same episodes as synchronous waves, with rows reused and env steps
-overlapping the other cohort's decoding."""
+overlapping the other cohort's decoding, and no turn program compiled after a warm-up play
+whatever order the env replies come back in."""
 
 import dataclasses
+import random
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 
-from agentrl_jax.envs.actors import ActorPool
+from agentrl_jax.envs.actors import ActorPool, StepResult
+from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
 from agentrl_jax.rollout.chat import get_template
@@ -120,3 +123,112 @@ def test_continuous_batching_checks_that_a_group_fits_a_cohort(policy_setup, tex
             worker.run(textworld_games["train"][:1], jax.random.key(0))
     with pytest.raises(ValueError, match="rollout.batching is 'async'; expected one of"):
         RolloutConfig(batching="async")
+
+
+COMMANDS = ("go north", "open chest", "take coin", "look", "inventory", "examine table", "go east")
+WORDS = TEXTS[0].split()
+
+
+class RoomEnv:
+    """A toy game whose prompts, replies and command lists differ in length from task to task
+    and turn to turn (so the turns' chunk lengths and choice counts vary): task k is won by
+    "take coin", and ends after 2 + k % 3 steps otherwise."""
+
+    def reset(self, task):
+        self.k, self.t = int(task.id), 0
+        return self._obs(" ".join(WORDS[: 4 + 2 * self.k]))
+
+    def step(self, command):
+        self.t += 1
+        won = command == "take coin"
+        done = won or self.t >= 2 + self.k % 3
+        obs = self._obs(" ".join(WORDS[: 1 + (3 * self.k + 7 * self.t + len(command)) % 9]))
+        info = {"won": won, "invalid_action": False, "state_key": self.t}
+        return obs, float(won), done, info
+
+    def _obs(self, text):
+        commands = COMMANDS[: 2 + (self.k + self.t) % 3]
+        return Observation("take the coin", text, feedback=text, admissible_commands=commands)
+
+
+class ReplyOrderPool:
+    """An in-process pool with ActorPool's interfaces (waves' reset/step, continuous batching's
+    submit/poll) whose answers come back in an order set by ``seed``: each op is answered
+    after a number of polls drawn from ``random.Random(seed)`` (None: at once). ``log`` holds
+    the slots of each poll's answers."""
+
+    def __init__(self, capacity, seed=None):
+        self.capacity, self.envs = capacity, [RoomEnv() for _ in range(capacity)]
+        self.rng = None if seed is None else random.Random(seed)
+        self.pending = {}  # slot -> [polls left, answer]
+        self.log = []
+
+    @property
+    def in_flight(self):
+        return len(self.pending)
+
+    def submit(self, kind, items):
+        for slot, item in items.items():
+            env = self.envs[slot]
+            if kind == "reset":
+                answer = StepResult(env.reset(item), info={"state_key": 0})
+            else:
+                obs, reward, done, info = env.step(item)
+                answer = StepResult(obs, reward=reward, done=done, info=info)
+            self.pending[slot] = [0 if self.rng is None else self.rng.randrange(4), answer]
+
+    def poll(self, timeout=None):
+        for entry in self.pending.values():
+            entry[0] -= 1
+        due = {slot for slot, (left, _) in self.pending.items() if left < 0}
+        if not due and timeout is None and self.pending:  # waits for the next answers
+            soonest = min(left for left, _ in self.pending.values())
+            due = {slot for slot, (left, _) in self.pending.items() if left == soonest}
+        self.log.append(sorted(due))
+        return {slot: self.pending.pop(slot)[1] for slot in sorted(due)}
+
+    def reset(self, tasks):
+        self.submit("reset", dict(enumerate(tasks)))
+        return [self.pending.pop(i)[1] for i in range(len(tasks))]
+
+    def step(self, actions):
+        self.submit("step", {i: a for i, a in enumerate(actions) if a is not None})
+        return [self.pending.pop(i)[1] if i in self.pending else None for i in range(len(actions))]
+
+
+def test_continuous_batching_compiles_no_turn_program_after_a_warm_up_play(policy_setup):
+    """16 episodes (8 tasks x 2) through two cohorts of 4 rows, the envs answering in three
+    different orders: the cohorts' turns run different mixes of rows each time (first prompts
+    beside replies, commands lists of different lengths), yet after the first play no turn
+    program is compiled (the sampler's trace counter), and every play is the waves' episodes,
+    token for token."""
+    tok, template, sampler = policy_setup
+    config = RolloutConfig(
+        group_size=2,
+        max_turns=4,
+        max_new_tokens=8,
+        max_seq_len=256,
+        constrain_actions=True,
+        show_admissible=False,
+    )
+    tasks = [Task("room", "train", str(k)) for k in range(8)]
+    waves = RolloutWorker(ReplyOrderPool(8), sampler, tok, template, config)
+    in_waves = waves.run(tasks, jax.random.key(5))
+    reference = [_episode(t) for t in in_waves]
+    assert sum(len(e[-1]) for e in reference) > 16  # episodes of several turns
+    stream = RolloutWorker(
+        None, sampler, tok, template, dataclasses.replace(config, batching="continuous")
+    )
+    compiled, logs = [], []
+    for seed in (0, 1, 2):  # the first play warms up: its compilations are not counted
+        stream.pool = ReplyOrderPool(8, seed=seed)
+        before = sampler.num_traces
+        played = stream.run(tasks, jax.random.key(5))
+        compiled.append(sampler.num_traces - before)
+        logs.append(stream.pool.log)
+        assert [_episode(t) for t in played] == reference
+        for a, b in zip(played, in_waves):
+            for sa, sb in zip(a.steps, b.steps):
+                np.testing.assert_allclose(sa.action_logprobs, sb.action_logprobs, atol=1e-5)
+    assert compiled[0] > 0 and compiled[1:] == [0, 0], compiled
+    assert logs[0] != logs[1] != logs[2] != logs[0]  # the replies came back in other orders

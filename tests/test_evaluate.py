@@ -104,12 +104,12 @@ class RecordingSampler:
         self.inner, self.asked = inner, []
         self.sampling = inner.sampling  # the default, as the real sampler has it
 
-    def start(self, *args):
-        return self.inner.start(*args)
+    def start(self, *args, **kwargs):
+        return self.inner.start(*args, **kwargs)
 
-    def step_turn(self, cache, feed, max_new, rng, sampling=None):
+    def step_turn(self, cache, feed, max_new, rng, sampling=None, **kwargs):
         self.asked.append(sampling)
-        return self.inner.step_turn(cache, feed, max_new, rng, sampling=sampling)
+        return self.inner.step_turn(cache, feed, max_new, rng, sampling=sampling, **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -384,7 +384,7 @@ class ScriptedSampler:
         self.turn = 0
         self.fed = []
 
-    def start(self, size, max_seq_len):
+    def start(self, size, max_seq_len, **kwargs):
         return None
 
     def step_turn(self, cache, feed, budgets, keys, sampling=None, **kwargs):

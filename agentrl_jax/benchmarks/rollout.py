@@ -23,7 +23,11 @@ add on their own.
 Every side plays the same 64 episodes (each draws with its own keys); the report records that
 they agreed, token for token (``same_episodes``). Each side is warmed up once (compilation),
 then the sides run alternately, ``repeats`` times each; rows report medians, with every run's
-seconds, and the load average at the start and the end.
+seconds, and the load average at the start and the end. ``turn_programs_compiled_per_play``
+counts, per side and play (the warm-up first), the sampler's turn programs the play compiled
+(``Sampler.num_traces``): a count that the machine's load does not move. After the warm-up
+every side should compile none: continuous batching's cohorts run fixed turn shapes
+(``sampling.TurnShapes``), so the order in which the env replies come back does not matter.
 
 Workload ``async_iterations_per_hour``: whole RL iterations of the default (``launch.bench
 iteration``'s run, SFT off) with the same slow envs, continuous batching and concurrent steps on
@@ -101,12 +105,16 @@ def run(quick: bool) -> Report:
             reference.pool = sequential
             sampling = build.rl_sampling(config)
             played = {}
+            compiled = {}  # per side, per play: turn programs the play compiled
 
             def side(name, worker):
                 def play() -> float:
+                    traces = parts.sampler.num_traces
                     t0 = time.perf_counter()
                     played[name] = worker.run(tasks, jax.random.key(0), sampling=sampling)
-                    return time.perf_counter() - t0
+                    seconds = time.perf_counter() - t0
+                    compiled.setdefault(name, []).append(parts.sampler.num_traces - traces)
+                    return seconds
 
                 return play
 
@@ -139,6 +147,9 @@ def run(quick: bool) -> Report:
         "pool": f"{sizes.workers} workers x {sizes.envs_per_worker} envs",
         "ours_is": "batching=continuous (2 cohorts), env.concurrent_steps=True",
         "same_episodes": same["reference"] and same["concurrent_waves"],
+        # Load-independent: the turn programs each play compiled, the warm-up play first (the
+        # waves sides share theirs). A timed play that compiles pays seconds of compilation.
+        "turn_programs_compiled_per_play": compiled,
     }
     report.add(
         _row(

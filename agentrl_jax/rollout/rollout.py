@@ -55,7 +55,9 @@ from agentrl_jax.rollout.play import Episode, play_stream, play_wave
 from agentrl_jax.rollout.tool_calls import ToolCall, ToolCallError, ToolCalling
 from agentrl_jax.rollout.trajectory import Step, Trajectory
 from agentrl_jax.sampling import SamplingParams
+from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.sampling.logits import as_typed_key, fold_in
+from agentrl_jax.sampling.sampler import TurnShapes
 
 CONTEXT_MODES = ("episode", "step")
 BATCHING = ("waves", "continuous")
@@ -193,6 +195,9 @@ class RolloutWorker:
         self.config = config
         self.tools = tools
         self.system_ids = template.system_ids(tokenizer, config.system_prompt)
+        # Continuous batching's turn shapes, per cohort layout; kept across calls (and shared
+        # with ``with_config`` copies) so that later plays run the programs the first compiled.
+        self.cohort_shapes: dict[tuple, TurnShapes] = {}
 
     def _obs_ids(self, obs: Observation, first: bool) -> list[int]:
         text = render_observation(
@@ -379,12 +384,32 @@ class RolloutWorker:
                 )
                 for j, ep in enumerate(groups[-1]):
                     ep.key = keys[i * group_size + j]
+        shapes = self._cohort_shapes(rows, group_size)
         actors = [
-            _WaveActor(self, None, sampling=sampling, expert=expert, size=rows)
+            _WaveActor(self, None, sampling=sampling, expert=expert, size=rows, shapes=shapes)
             for _ in range(self.config.cohorts)
         ]
         play_stream(self.pool, groups, self.config.max_turns, actors, progress)
         return [_finished(ep) for group in groups for ep in group]
+
+    def _cohort_shapes(self, rows: int, group_size: int) -> TurnShapes:
+        """The turn shapes of cohorts of ``rows`` rows (``Sampler.step_turn``'s ``shapes``):
+        each cohort turn runs at least the largest chunk, width and choice count any cohort
+        turn ran before, so once a play has run its episodes' rows, another play of them
+        compiles nothing, whatever order the env replies come back in.
+
+        The start prefill's rows are set to the most a turn can start at once: episode mode,
+        one prompt per group (its members start together with the same prompt) when the
+        sampler shares prefixes; step mode (every turn a fresh context per row), every row.
+        """
+        cfg = self.config
+        share = getattr(self.sampler, "share_prefixes", True)
+        key = (rows, group_size, cfg.context_mode, share)
+        if key not in self.cohort_shapes:
+            starts = rows // group_size if cfg.context_mode == "episode" and share else rows
+            first = bk.round_up(max(starts, 1), bk.COUNT_BUCKETS, what="new conversations")
+            self.cohort_shapes[key] = TurnShapes(starts=first)
+        return self.cohort_shapes[key]
 
     def _step_context(self, header, history, obs_ids, traj, action: int) -> list[int] | None:
         """Header (system + goal) + the last k turns (stored ids) + the new observation, fitted.
@@ -476,11 +501,21 @@ class _WaveActor:
     """A RolloutWorker's actor for one wave: the sampler on the policy's contexts, or (with
     ``expert``) the env's expert command written into the same contexts."""
 
-    def __init__(self, worker: RolloutWorker, keys, *, sampling, expert: bool, size: int):
+    def __init__(
+        self,
+        worker: RolloutWorker,
+        keys,
+        *,
+        sampling,
+        expert: bool,
+        size: int,
+        shapes: TurnShapes | None = None,
+    ):
         self.worker, self.config = worker, worker.config
         if keys is None:  # play_stream: each row's key is set as an episode takes it
             keys = jax.random.split(jax.random.key(0), size)
         self.keys, self.sampling, self.expert, self.size = keys, sampling, expert, size
+        self.shapes = shapes  # play_stream's cohorts: fixed turn shapes (Sampler.step_turn)
         self.cache = None
 
     def admit(self, rows: list[int], episodes: list[Episode]) -> None:
@@ -542,8 +577,11 @@ class _WaveActor:
             if cfg.constrain_actions:
                 kwargs["choices"] = [ep.choices if f else None for ep, f in zip(episodes, feed)]
             with timing.phase("sample"):
+                if self.shapes is not None:
+                    kwargs["shapes"] = self.shapes
                 if cfg.context_mode == "step" or self.cache is None:
-                    self.cache = w.sampler.start(self.size, cfg.max_seq_len)
+                    fixed = self.shapes is not None  # one cache shape: every slot at once
+                    self.cache = w.sampler.start(self.size, cfg.max_seq_len, all_slots=fixed)
                 turns = np.asarray([ep.turn for ep in episodes], np.int32)
                 out = w.sampler.step_turn(
                     self.cache,

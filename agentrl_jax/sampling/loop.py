@@ -236,6 +236,47 @@ def run_turn(
     return carry.out, carry.cache
 
 
+def prefill_starts(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    cache: KVCache,
+    chunk_ut: jax.Array,
+    num_new_u: jax.Array,
+    source_b: jax.Array,
+) -> KVCache:
+    """The start prefill: U new conversations prefilled on their own, then given to their rows.
+
+    Continuous batching starts a group's conversations in a turn where other rows are midway
+    through theirs; prefilled there, every row of the batch would pay for the longest first
+    prompt. Here only the distinct prompts are run (one row each, on an empty cache of the
+    batch's slots), and each row that starts from one takes its keys, values and length; the
+    turn then feeds the row the prompt's last token (``Sampler.step_turn(..., shapes=...)``).
+
+    Args:
+      graphdef, state: ``nnx.split`` of a ``CausalLM``.
+      cache: the batch's cache; the rows that start are empty (their length is 0).
+      chunk_ut: [U, T] int32 the distinct prompts, right-padded.
+      num_new_u: [U] int32 valid tokens of each prompt (0: a padding row, never read).
+      source_b: [B] int32 the prompt each row starts from; -1: the row is left as it is.
+
+    Returns:
+      The cache with each starting row holding its prompt.
+    """
+    model = nnx.merge(graphdef, state)
+    model = registry.family(model.cfg).unroll_layers(model)
+    u = chunk_ut.shape[0]
+    empty = jax.tree.map(lambda x: jnp.zeros((u, *x.shape[1:]), x.dtype), cache)
+    _, filled = model.trunk(chunk_ut, cache=empty, num_new_b=num_new_u, last_only=True)
+    take_b = source_b >= 0
+    from_b = jnp.maximum(source_b, 0)
+
+    def pick(new, old):
+        take = take_b.reshape((-1,) + (1,) * (old.ndim - 1))
+        return jnp.where(take, new[from_b], old)
+
+    return jax.tree.map(pick, filled, cache)
+
+
 def _ends_with_stop(
     tokens_bw: jax.Array, lengths_b: jax.Array, stop_qw: jax.Array, stop_len_q: jax.Array
 ) -> jax.Array:

@@ -5,6 +5,7 @@ See ``agentrl_jax.sampling`` for the API overview and ``loop.run_turn`` for what
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 
@@ -19,7 +20,7 @@ from agentrl_jax import sharding
 from agentrl_jax.models.kv_cache import KVCache
 from agentrl_jax.sampling import buckets as bk
 from agentrl_jax.sampling.logits import as_typed_key
-from agentrl_jax.sampling.loop import TurnArrays, run_turn
+from agentrl_jax.sampling.loop import TurnArrays, prefill_starts, run_turn
 from agentrl_jax.sampling.params import SamplingParams, StopConfig
 
 _DEFAULT_SAMPLING = SamplingParams()
@@ -71,6 +72,37 @@ class TurnOutput:
         return out
 
 
+@dataclasses.dataclass
+class TurnShapes:
+    """Shape floors of one batch's turns: ``step_turn(..., shapes=...)`` runs every turn at
+    least this large, and raises the floors to what it ran.
+
+    Continuous batching's cohorts (``rollout.batching="continuous"``) play rows that stand at
+    different turns of different episodes, together in an order set by when each env answers.
+    A turn sized to its own rows (the default) would then compile a program for each new mix
+    of chunk length, width and choice count, and which mixes a play meets depends on the order
+    of the replies. Floors that only grow size each turn by the largest of every row it has run
+    so far: once a play has run every row of its episodes, the next play of them runs that one
+    program, in whatever order the replies come (each field is a maximum over rows, and the
+    rows are the same episodes).
+
+    Attributes:
+      chunk: new-token chunk length of the turn program (a chunk bucket; 0: none yet).
+      width: output width, the largest ``max_new_tokens`` (a width bucket).
+      choices: choices per row (a count bucket; 0: no constrained row yet).
+      starts: rows of the start prefill, the distinct new conversations one turn prefills
+        before it decodes (a count bucket). Set it up front to the most a turn can hold (a
+        cohort's groups), or it grows with the most that ever started together.
+      start_chunk: the start prefill's chunk length (a chunk bucket).
+    """
+
+    chunk: int = 0
+    width: int = 0
+    choices: int = 0
+    starts: int = 0
+    start_chunk: int = 0
+
+
 class Sampler:
     """Jitted multi-turn generation over a KV cache kept between turns.
 
@@ -92,7 +124,8 @@ class Sampler:
         one of them continues from that one prefill.
 
     Attributes:
-      num_traces: compilations of the turn function so far (tests assert on it).
+      num_traces: compilations of the turn programs so far, the start prefill's included
+        (tests and ``launch.bench rollout`` count them).
       prefilled_rows: rows prefilled so far, counted once per distinct shared prefix.
     """
 
@@ -166,18 +199,19 @@ class Sampler:
         self.state = None
         self._owned = False
 
-    def start(self, batch: int, cache_size: int) -> KVCache:
+    def start(self, batch: int, cache_size: int, *, all_slots: bool = False) -> KVCache:
         """An empty cache for ``batch`` episodes of up to ``cache_size`` tokens each.
 
         ``cache_size`` is rounded up to a cache bucket so episodes of similar length share
         compilations. It must hold every episode's prompts and actions of all turns. Slots are
-        allocated as the conversations grow (``step_turn``), a power of two at a time.
+        allocated as the conversations grow (``step_turn``), a power of two at a time; with
+        ``all_slots`` all of them at once (the one cache shape of turns run with ``shapes``).
         """
         if batch < 1:
             raise ValueError(f"batch={batch}: expected >= 1")
         size = bk.round_up(cache_size, self.cache_buckets, what="cache_size")
-        slots = min(self.cache_buckets[0], size)
-        key = ("start", batch, size)  # slots follow from size
+        slots = size if all_slots else min(self.cache_buckets[0], size)
+        key = ("start", batch, size, slots)
         if key not in self._jitted:
             create = functools.partial(
                 KVCache.create, self.cfg, batch, size, slots=slots, platform=self.platform
@@ -295,6 +329,7 @@ class Sampler:
         *,
         sampling: SamplingParams | None = None,
         choices: Sequence[Sequence[Sequence[int]] | None] | None = None,
+        shapes: TurnShapes | None = None,
     ) -> TurnOutput:
         """Appends each row's new tokens to its conversation and generates its next action.
 
@@ -313,6 +348,14 @@ class Sampler:
             should end with a stop token), or None for a free row. The row draws from the
             policy masked to the tokens that continue a choice (see ``loop.run_turn``); the
             allowed ids of every draw come back in ``TurnOutput.allowed``.
+          shapes: fixed shapes (continuous batching's cohorts): the turn runs at least the
+            ``TurnShapes`` floors and raises them to what it ran, on the cache with all its
+            slots allocated. Rows that start a conversation (an empty cache row, more than one
+            new token) are prefilled first, all but their last token, by a start prefill of
+            their distinct prompts only (``loop.prefill_starts``: one per group when
+            ``share_prefixes``); the turn then feeds each its last token beside the other rows'
+            chunks, so a long first prompt does not widen every row's chunk. The tokens drawn
+            are the same as without ``shapes``.
 
         Returns:
           TurnOutput with the generated ids, both log-probs, lengths, done reasons, new cache.
@@ -333,14 +376,28 @@ class Sampler:
             )
         # Waits for the previous turn, whose ids the caller has read anyway.
         lengths_b = np.asarray(cache.lengths)
+        started = np.zeros(cache.batch, bool)  # rows whose prompt the start prefill took
+        if shapes is not None:
+            self._check_and_pad(cache, lengths_b, new_tokens, max_new_tokens)  # checks first
+            cache = self._allocate(cache, cache.size)
+            cache, lengths_b, new_tokens, started = self._prefill_starts(
+                cache, lengths_b, new_tokens, shapes
+            )
         chunk_bt, num_new_b, max_new_b, need = self._check_and_pad(
-            cache, lengths_b, new_tokens, max_new_tokens
+            cache, lengths_b, new_tokens, max_new_tokens, min_chunk=shapes.chunk if shapes else 0
         )
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
-        choices_bcl = self._choices_array(choices, cache.batch, width)
-        share = self._share_plan(lengths_b, new_tokens, num_new_b)
+        if shapes is not None:
+            width = shapes.width = max(width, shapes.width)
+            shapes.chunk = chunk_bt.shape[1]
+        choices_bcl = self._choices_array(
+            choices, cache.batch, width, min_count=shapes.choices if shapes else 0
+        )
+        if shapes is not None and choices_bcl is not None:
+            shapes.choices = choices_bcl.shape[1]
+        share = None if shapes is not None else self._share_plan(lengths_b, new_tokens, num_new_b)
         prefilled = range(cache.batch) if share is None else set(share[0].tolist())
-        self.prefilled_rows += sum(1 for b in prefilled if num_new_b[b] > 0)
+        self.prefilled_rows += sum(1 for b in prefilled if num_new_b[b] > 0 and not started[b])
         fn = self._turn_fn(sampling, width, share is not None)
         cache = self._allocate(cache, need)
         with sharding.mesh_context(self.mesh):
@@ -357,16 +414,21 @@ class Sampler:
             allowed=out.allowed,
         )
 
-    def _choices_array(self, choices, batch: int, width: int) -> np.ndarray | None:
-        """[B, C, W] int32 choices, -1 padded, C rounded up to a count bucket (None: no row has
-        choices). Ids past the turn's width are cut (the row stops at max_new_tokens anyway)."""
+    def _choices_array(
+        self, choices, batch: int, width: int, min_count: int = 0
+    ) -> np.ndarray | None:
+        """[B, C, W] int32 choices, -1 padded, C rounded up to a count bucket and at least
+        ``min_count`` (None: no row has choices and ``min_count`` is 0; a row of -1 is a free
+        row). Ids past the turn's width are cut (the row stops at max_new_tokens anyway)."""
         if choices is None or not any(choices):
-            return None
+            if not min_count:
+                return None
+            choices = [None] * batch
         if len(choices) != batch:
             raise ValueError(f"choices has {len(choices)} rows; the cache has batch {batch}")
         vocab = self.cfg.vocab_size
-        most = max(len(c) for c in choices if c)
-        num = bk.round_up(most, bk.COUNT_BUCKETS, what="choices per row")
+        most = max((len(c) for c in choices if c), default=1)
+        num = max(bk.round_up(most, bk.COUNT_BUCKETS, what="choices per row"), min_count)
         out = np.full((batch, num, width), -1, np.int32)
         for r, row in enumerate(choices):
             for c, seq in enumerate(row or ()):
@@ -394,6 +456,66 @@ class Sampler:
             cache_size = longest + int(np.max(max_new_tokens))
         cache = self.start(len(prompts), cache_size)
         return self.step_turn(cache, prompts, max_new_tokens, rng, sampling=sampling)
+
+    def _prefill_starts(self, cache: KVCache, lengths_b: np.ndarray, new_tokens, shapes):
+        """``step_turn(..., shapes=...)``: the start prefill of the rows that start a conversation
+        (an empty cache row, more than one new token): all but their last token, one prefill
+        per distinct prompt (per row without ``share_prefixes``), at the ``shapes`` floors.
+
+        Returns:
+          (the cache with their prompts in, their rows' lengths, the new tokens with each of
+          their rows cut to its last token, [B] bool: the rows started).
+        """
+        batch = cache.batch
+        started = np.zeros(batch, bool)
+        source_b = np.full(batch, -1, np.int32)  # the distinct prompt each row starts from
+        first: dict[object, int] = {}
+        prompts: list[list[int]] = []
+        for b, row in enumerate(new_tokens):
+            if lengths_b[b] or len(row) < 2:
+                continue
+            prompt = [int(i) for i in row[:-1]]
+            key = tuple(prompt) if self.share_prefixes else b
+            if key not in first:
+                first[key] = len(prompts)
+                prompts.append(prompt)
+            source_b[b], started[b] = first[key], True
+        if not prompts:
+            return cache, lengths_b, new_tokens, started
+        rows = bk.round_up(len(prompts), bk.COUNT_BUCKETS, what="new conversations")
+        shapes.starts = rows = max(rows, shapes.starts)
+        longest = max(map(len, prompts))
+        chunk = bk.round_up(longest, self.chunk_buckets, what="prompt chunk length")
+        shapes.start_chunk = chunk = max(chunk, shapes.start_chunk)
+        chunk_ut = np.full((rows, chunk), self.pad_id, np.int32)
+        num_new_u = np.zeros(rows, np.int32)  # padding rows: nothing written
+        for u, prompt in enumerate(prompts):
+            chunk_ut[u, : len(prompt)] = prompt
+            num_new_u[u] = len(prompt)
+        self.prefilled_rows += len(prompts)
+        with sharding.mesh_context(self.mesh):
+            cache = self._start_fn()(self.state, cache, chunk_ut, num_new_u, source_b)
+        lengths_b = lengths_b + np.where(started, num_new_u[np.maximum(source_b, 0)], 0)
+        cut = [row[-1:] if started[b] else row for b, row in enumerate(new_tokens)]
+        return cache, lengths_b.astype(np.int32), cut, started
+
+    def _start_fn(self):
+        """The jitted start prefill (``loop.prefill_starts``), the cache donated."""
+        key = ("start_prefill",)
+        if key not in self._jitted:
+
+            def start_prefill(state, cache, chunk_ut, num_new_u, source_b):
+                self.num_traces += 1  # Python side effect: runs only while tracing.
+                new_cache = prefill_starts(
+                    self.graphdef, state, cache, chunk_ut, num_new_u, source_b
+                )
+                if self.mesh is not None:
+                    layout = sharding.kv_cache_shardings(cache, self.mesh)
+                    new_cache = jax.lax.with_sharding_constraint(new_cache, layout)
+                return new_cache
+
+            self._jitted[key] = jax.jit(start_prefill, donate_argnames=("cache",))
+        return self._jitted[key]
 
     def _share_plan(self, lengths_b: np.ndarray, new_tokens, num_new_b: np.ndarray):
         """``(unique_u, source_b)`` for ``run_turn``, or None when no two rows share a prefix.
@@ -461,9 +583,10 @@ class Sampler:
         lengths_b: np.ndarray,
         new_tokens: Sequence[Sequence[int]],
         max_new_tokens: int | Sequence[int],
+        min_chunk: int = 0,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
         """Host-side validation (``lengths_b``: the cache's lengths on the host), then the chunk
-        padded to its bucket.
+        padded to its bucket (at least ``min_chunk``).
 
         Returns:
           (chunk [B, T] int32, num_new [B] int32, max_new [B] int32, the most slots a row fills
@@ -498,10 +621,11 @@ class Sampler:
         t = bk.round_up(
             max(int(num_new_b.max()), 1), self.chunk_buckets, what="prompt chunk length"
         )
+        t = max(t, min_chunk)
         chunk_bt = np.full((b, t), self.pad_id, np.int32)
         for i, r in enumerate(rows):
             chunk_bt[i, : r.size] = r
         return chunk_bt, num_new_b, max_new_b, int(need_b.max())
 
 
-__all__ = ["Sampler", "TurnArrays", "TurnOutput"]
+__all__ = ["Sampler", "TurnArrays", "TurnOutput", "TurnShapes"]
