@@ -12,6 +12,7 @@ from flax import nnx
 
 from agentrl_jax.models import CausalLM, KVCache, ModelConfig, ValueModel, decoder, preset
 from agentrl_jax.models.testing import TEST_CONFIG, random_model
+from agentrl_jax.rl.lm_head import token_logprobs
 
 
 def _init(cls, cfg, seed=0):
@@ -89,9 +90,9 @@ _GEMMA3_STYLE = TEST_CONFIG.replace(
 def _masked_ce_loss(model, tokens, mask):
     """The mean next-token loss over a padded batch's real tokens, and the logits."""
     logits, _ = model(tokens, mask_bt=mask)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits[:, :-1]), tokens[:, 1:, None], axis=-1)
+    logp = token_logprobs(logits, tokens)[:, 1:]
     weight = mask[:, :-1] * mask[:, 1:]
-    return -jnp.sum(logp[..., 0] * weight) / jnp.sum(weight), logits
+    return -jnp.sum(logp * weight) / jnp.sum(weight), logits
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_sliding"])

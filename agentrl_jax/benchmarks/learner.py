@@ -57,6 +57,7 @@ from agentrl_jax.envs.base import Task
 from agentrl_jax.models import CausalLM, decoder, preset, registry
 from agentrl_jax.models.testing import random_model
 from agentrl_jax.rl import rl_batch
+from agentrl_jax.rl.lm_head import token_logprobs
 from agentrl_jax.rl.rl_update import RLUpdate
 from agentrl_jax.rollout.trajectory import Step, Trajectory
 from agentrl_jax.run.build import rl_learner, rl_policy
@@ -261,8 +262,7 @@ def _long_row(quick: bool):
 
     def loss(params, tokens):
         logits, _ = nnx.merge(graphdef, params)(tokens)
-        logp = jax.nn.log_softmax(logits[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+        return -jnp.mean(token_logprobs(logits, tokens)[:, 1:])
 
     step = jax.jit(jax.value_and_grad(loss))
     compiled, out = {}, {}
