@@ -171,6 +171,7 @@ def run(quick: bool) -> Report:
             runs["concurrent_waves"],
             "episodes/s",
             reference_is="synchronous waves, each worker stepping its envs side by side",
+            turn_programs_compiled_per_play=compiled,
         )
     )
     report.add(_async_iterations(quick, SLOW_ENVS, "async_iterations_per_hour"))

@@ -86,7 +86,9 @@ class RolloutConfig:
       group's members start together, so they share their prefix). A cohort decodes as soon
       as its rows' env steps are back, while the other cohorts' env steps run: decoding and
       env steps overlap (use ``env.concurrent_steps`` so that a worker's envs step side by
-      side). Every episode draws with its own keys, so both play the same episodes.
+      side). Every episode draws with its own keys, so both play the same episodes. A
+      cohort's turns run fixed shapes (``Sampler.step_turn(..., shapes=...)``): once a play
+      has run its episodes, no reply order compiles a new turn program.
     cohorts: ``continuous``: batches of rows that take turns on the device (each holds
       ``capacity // cohorts`` rows, at least one group).
     constrain_actions: constrained decoding: the policy can only write one of the

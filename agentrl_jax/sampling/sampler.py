@@ -383,16 +383,15 @@ class Sampler:
             cache, lengths_b, new_tokens, started = self._prefill_starts(
                 cache, lengths_b, new_tokens, shapes
             )
+        floor = shapes if shapes is not None else TurnShapes()  # no floors without shapes
         chunk_bt, num_new_b, max_new_b, need = self._check_and_pad(
-            cache, lengths_b, new_tokens, max_new_tokens, min_chunk=shapes.chunk if shapes else 0
+            cache, lengths_b, new_tokens, max_new_tokens, min_chunk=floor.chunk
         )
         width = bk.round_up(max(int(max_new_b.max()), 1), self.width_buckets, what="max_new_tokens")
         if shapes is not None:
             width = shapes.width = max(width, shapes.width)
             shapes.chunk = chunk_bt.shape[1]
-        choices_bcl = self._choices_array(
-            choices, cache.batch, width, min_count=shapes.choices if shapes else 0
-        )
+        choices_bcl = self._choices_array(choices, cache.batch, width, min_count=floor.choices)
         if shapes is not None and choices_bcl is not None:
             shapes.choices = choices_bcl.shape[1]
         share = None if shapes is not None else self._share_plan(lengths_b, new_tokens, num_new_b)
