@@ -327,6 +327,65 @@ def test_mesh_takes_an_expert_axis_for_a_model_with_routed_experts(tmp_path):
     with pytest.raises(ConfigError, match=r"num_experts=6 \(config.model.checkpoint='"):
         from_config_dict(_config(mesh=(1, 1, 1, 4), model=cfg), num_devices=4)
 
+
+def test_rollout_mesh_takes_an_expert_axis_checked_as_the_learners(tmp_path):
+    """``config.rollout_mesh`` of four sizes (data, fsdp, tp, expert): its devices counted after
+    the learner's, its expert size refused as ``config.mesh``'s is (no routed experts, or not
+    dividing num_experts), the error naming ``config.rollout_mesh`` and the model's source."""
+    from agentrl_jax.models import hf_checkpoint as hc
+    from agentrl_jax.models.config import preset
+
+    moe = dict(preset="qwen3-30b-a3b", overrides={})  # 128 routed experts
+    run = from_config_dict(
+        _config(mesh=(1, 2, 1, 2), rollout_mesh=(1, 1, 1, 4), model=moe), num_devices=8
+    )
+    assert run.mesh == (1, 2, 1, 2) and run.rollout_mesh == (1, 1, 1, 4)
+    # The learner's -1 takes the devices the four-axis rollout mesh leaves.
+    left = from_config_dict(
+        _config(mesh=(1, -1, 1), rollout_mesh=(1, 2, 1, 2), model=moe), num_devices=8
+    )
+    assert left.mesh == (1, 4, 1) and left.rollout_mesh == (1, 2, 1, 2)
+    # An expert size of 1: a (data, fsdp, tp) rollout mesh with a trivial fourth axis, any model.
+    assert from_config_dict(_config(rollout_mesh=(1, 2, 1, 1)), num_devices=3).rollout_mesh == (
+        1, 2, 1, 1,
+    )  # fmt: skip
+    with pytest.raises(ConfigError) as e:
+        from_config_dict(_config(rollout_mesh=(1, 1, 1, 2)), num_devices=3)
+    assert str(e.value).startswith(
+        "config.rollout_mesh=(1, 1, 1, 2) splits routed experts over 2 devices (its fourth size, "
+        "expert), but the model (config.model.preset='tiny' with config.model.overrides="
+    )
+    assert "has none; expected an expert size of 1" in str(e.value)
+    with pytest.raises(ConfigError, match=r"^config.rollout_mesh=\(1, 1, 1, 3\): its expert size "
+                       r"3 does not divide the model's num_experts=128 \(config.model.preset="
+                       r"'qwen3-30b-a3b'\); expected a divisor of 128"):  # fmt: skip
+        from_config_dict(_config(rollout_mesh=(1, 1, 1, 3), model=moe), num_devices=4)
+    # A checkpoint's num_experts (its config.json), and none to read.
+    ckpt = tmp_path / "moe"
+    ckpt.mkdir()
+    cfg = dict(preset="", checkpoint=str(ckpt), template="plain", overrides={})
+    with pytest.raises(ConfigError, match=r"^config.rollout_mesh has an expert axis.*config.json"):
+        from_config_dict(_config(rollout_mesh=(1, 1, 1, 2), model=cfg), num_devices=3)
+    experts = preset("qwen3-30b-a3b").with_layers(1).replace(num_experts=6, num_experts_per_tok=2)
+    (ckpt / "config.json").write_text(json.dumps(hc.config_to_hf(experts)))
+    run = from_config_dict(_config(rollout_mesh=(1, 1, 1, 3), model=cfg), num_devices=4)
+    assert run.rollout_mesh == (1, 1, 1, 3)
+    with pytest.raises(ConfigError, match=r"^config.rollout_mesh=\(1, 1, 1, 4\): .*num_experts=6 "
+                       r"\(config.model.checkpoint='"):  # fmt: skip
+        from_config_dict(_config(rollout_mesh=(1, 1, 1, 4), model=cfg), num_devices=5)
+    # Sizes: (), three or four, each positive (no -1: its devices are counted first).
+    for bad in [(1, 1), (1, 1, 1, 1, 1), (1, -1, 1), (1, 1, 1, 0)]:
+        with pytest.raises(ConfigError) as e:
+            from_config_dict(_config(rollout_mesh=bad), num_devices=8)
+        assert str(e.value) == (
+            f"config.rollout_mesh is {bad}; expected () (rollouts on the learner's mesh), three "
+            "positive sizes (data, fsdp, tp) or four (data, fsdp, tp, expert)"
+        ), bad
+    with pytest.raises(ConfigError, match=r"^config.rollout_mesh is \('1', 'x', '1'\); expected "
+                       r"\(\) or three ints \(data, fsdp, tp\) or four \(data, fsdp, tp, "
+                       r"expert\)$"):  # fmt: skip
+        from_config_dict(_config(rollout_mesh=("1", "x", "1")), num_devices=8)
+
     cd = _config()
     with cd.unlocked():
         cd.seeed = 1

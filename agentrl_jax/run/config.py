@@ -124,9 +124,10 @@ class RunConfig:
     # device count, and one size may be -1: the devices the others leave, e.g. (1, -1, 1)
     # shards parameters over every device (FSDP).
     mesh: tuple[int, ...] = (1, 1, 1)
-    # Disaggregated rollouts: (data, fsdp, tp) of a mesh of devices of their own, after the
-    # learner's (one host); the sampler's copy of the policy moves there device to device after
-    # each update. Empty: rollouts run on the learner's mesh.
+    # Disaggregated rollouts: (data, fsdp, tp), or (data, fsdp, tp, expert) as in ``mesh``, of a
+    # mesh of devices of their own, after the learner's (one host); the sampler's copy of the
+    # policy moves there device to device after each update, laid out by the same rules (routed
+    # experts split over its expert axis). Empty: rollouts run on the learner's mesh.
     rollout_mesh: tuple[int, ...] = ()
     env: EnvSection
     rollout: RolloutConfig
@@ -160,6 +161,7 @@ class RunConfig:
         _check_mesh_sizes(self.mesh)
         check_expert_axis(self.mesh, self.model)
         _check_rollout_mesh(self.rollout_mesh)
+        check_expert_axis(self.rollout_mesh, self.model, "config.rollout_mesh")
         rl, rollout, env = self.rl, self.rollout, self.env
         spec = kernels.get_advantage_spec(rl.algo)
         if spec.needs_values and rollout.context_mode != "episode":
@@ -345,13 +347,15 @@ def load_config_file(spec: str):
 
 
 def _check_rollout_mesh(sizes) -> None:
+    """``config.rollout_mesh`` is empty, or three positive ints (data, fsdp, tp) or four (data,
+    fsdp, tp, expert): no -1, its devices are counted before the learner's mesh resolves one."""
     if sizes and (
-        len(sizes) != 3
+        len(sizes) not in (3, 4)
         or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in sizes)
     ):
         raise ConfigError(
-            f"config.rollout_mesh is {sizes}; expected () (rollouts on the learner's mesh) or "
-            "three positive sizes (data, fsdp, tp)"
+            f"config.rollout_mesh is {sizes}; expected () (rollouts on the learner's mesh), "
+            "three positive sizes (data, fsdp, tp) or four (data, fsdp, tp, expert)"
         )
 
 
@@ -370,9 +374,10 @@ def _check_mesh_sizes(mesh) -> None:
         )
 
 
-def _num_experts(model: ModelSection) -> tuple[int, str]:
+def _num_experts(model: ModelSection, field: str) -> tuple[int, str]:
     """The routed experts of the run's model and where that number comes from: the checkpoint's
-    config.json (the only file read), or the preset with ``config.model.overrides``."""
+    config.json (the only file read), or the preset with ``config.model.overrides``. ``field``
+    (``"config.mesh"``) names the mesh whose expert axis asks, in the error."""
     if model.checkpoint:
         from agentrl_jax.models.hf_checkpoint import load_config
 
@@ -381,7 +386,7 @@ def _num_experts(model: ModelSection) -> tuple[int, str]:
             return load_config(model.checkpoint).num_experts, source
         except Exception as e:  # A missing or unreadable config.json: the reason, in one line.
             raise ConfigError(
-                f"config.mesh has an expert axis, checked against the model's num_experts, but "
+                f"{field} has an expert axis, checked against the model's num_experts, but "
                 f"{source} gives none: {type(e).__name__}: {e}"
             ) from e
     source = f"config.model.preset={model.preset!r}"
@@ -394,29 +399,30 @@ def _num_experts(model: ModelSection) -> tuple[int, str]:
         raise ConfigError(f"config.model.overrides={overrides}: {e}") from e
 
 
-def check_expert_axis(mesh, model: ModelSection) -> None:
-    """Refuses an ``expert`` size (``config.mesh``'s fourth) above 1 on a model without routed
-    experts, or one that does not divide its ``num_experts``: the rules would replicate the
-    experts over that axis instead of splitting them (``sharding.logical_to_spec``), silently.
-    A -1 there is checked once resolved (``from_config_dict`` with ``num_devices``, or
+def check_expert_axis(mesh, model: ModelSection, field: str = "config.mesh") -> None:
+    """Refuses an ``expert`` size (a mesh's fourth: ``config.mesh``'s or
+    ``config.rollout_mesh``'s, named by ``field``) above 1 on a model without routed experts,
+    or one that does not divide its ``num_experts``: the rules would replicate the experts over
+    that axis instead of splitting them (``sharding.logical_to_spec``), silently. A -1 there is
+    checked once resolved (``from_config_dict`` with ``num_devices``, or
     ``build.device_mesh``).
 
     Raises:
-      ConfigError: naming ``config.mesh`` and the model's source.
+      ConfigError: naming ``field`` and the model's source.
     """
     if len(mesh) < 4 or mesh[3] in (1, -1):
         return
     expert = mesh[3]
-    num_experts, source = _num_experts(model)
+    num_experts, source = _num_experts(model, field)
     if not num_experts:
         raise ConfigError(
-            f"config.mesh={mesh} splits routed experts over {expert} devices (its fourth size, "
+            f"{field}={mesh} splits routed experts over {expert} devices (its fourth size, "
             f"expert), but the model ({source}) has none; expected an expert size of 1, or three "
             "sizes (data, fsdp, tp)"
         )
     if num_experts % expert:
         raise ConfigError(
-            f"config.mesh={mesh}: its expert size {expert} does not divide the model's "
+            f"{field}={mesh}: its expert size {expert} does not divide the model's "
             f"num_experts={num_experts} ({source}); expected a divisor of {num_experts}"
         )
 
@@ -473,7 +479,8 @@ def from_config_dict(cd, *, num_devices: int | None = None) -> RunConfig:
         rollout_mesh = tuple(int(x) for x in cd.get("rollout_mesh", top["rollout_mesh"]) or ())
     except (TypeError, ValueError) as e:
         raise ConfigError(
-            f"config.rollout_mesh is {cd.get('rollout_mesh')!r}; expected three ints"
+            f"config.rollout_mesh is {cd.get('rollout_mesh')!r}; expected () or three ints (data, "
+            "fsdp, tp) or four (data, fsdp, tp, expert)"
         ) from e
     _check_rollout_mesh(rollout_mesh)
     learner_devices = num_devices
