@@ -311,6 +311,32 @@ def test_rollout_mesh_plans_the_sampler_on_devices_of_its_own():
         from_config_dict(cd, num_devices=8)
 
 
+def test_rollout_mesh_with_an_expert_axis_plans_the_experts_split_over_it():
+    """``config.rollout_mesh`` of four sizes: the plan reports the rollout mesh's axes, expert
+    among them, and the sampler's copy there holds half the routed experts' weights a device on
+    (1, 1, 1, 2)."""
+    cd = load_config_file("configs/tiny_textworld.py:test")
+    cd.model.preset = "qwen3-30b-a3b"
+    cd.model.overrides = dict(
+        vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
+        moe_intermediate_size=32,
+    )  # fmt: skip
+    cd.mesh, cd.rollout_mesh = (1, 1, 1), (1, 1, 1, 2)
+    result = plan.memory_plan(from_config_dict(cd, num_devices=3), programs=("sampler_turn",))
+    result = json.loads(json.dumps(result))
+    s = result["sampler"]
+    assert result["mesh_axes"] == ["data", "fsdp", "tp"] and result["rollout_devices"] == 2
+    assert s["mesh"] == [1, 1, 1, 2] and s["mesh_axes"] == ["data", "fsdp", "tp", "expert"]
+    assert s["own_devices"] and s["owned"] and s["dtype"] == "float32"
+    table = plan.format_table(result)
+    assert "sampler: mesh {'data': 1, 'fsdp': 1, 'tp': 1, 'expert': 2}" in table
+    # The routed experts: 2 layers x 8 experts x 3 x [64, 32] float32, halved by expert=2.
+    cfg = preset("qwen3-30b-a3b", **cd.model.overrides)
+    experts = cfg.num_layers * cfg.num_experts * 3 * 64 * 32 * 4
+    assert s["f32_replica_bytes"] - s["params_bytes"] == experts // 2
+
+
 def test_async_plan_holds_the_background_rollout_beside_score_and_update():
     """``rl.max_staleness`` > 0 on the learner's devices: the rollout played ahead (the
     sampler's own copy of the policy, its KV cache and the turn's temporaries) is resident
