@@ -115,12 +115,13 @@ def memory_plan(
       "compile_s", "per_device_bytes": {"arguments", "outputs", "temporaries", "aliased",
       "total", "resident", "peak"}, "analytic_bytes": {"params", "optimizer"}}], "largest"}.
       ``mesh`` and ``mesh_axes``: (data, fsdp, tp), and expert when ``config.mesh`` gives a
-      fourth size. ``sampler`` is the sampler's copy of the policy (``build.sync_sampler``):
-      its mesh, dtype, whether it is a copy of its own beside the train state, and its bytes
-      per device, next to the whole policy in float32 on every device (the replica multi-host
-      runs used to hold); ``background``: asynchronous RL's turn is resident beside ``score``
-      and ``rl_update``, whose ``per_device_bytes`` then hold its bytes as ``rollout`` (in
-      ``resident``).
+      fourth size (the sampler's: ``config.rollout_mesh``'s where it gives one, expert too
+      with a fourth size). ``sampler`` is the sampler's copy of the policy
+      (``build.sync_sampler``): its mesh, dtype, whether it is a copy of its own beside the
+      train state, and its bytes per device, next to the whole policy in float32 on every
+      device (the replica multi-host runs used to hold); ``background``: asynchronous RL's
+      turn is resident beside ``score`` and ``rl_update``, whose ``per_device_bytes`` then
+      hold its bytes as ``rollout`` (in ``resident``).
 
     Raises:
       ValueError: the mesh needs more devices than there are, an unknown program name, or
