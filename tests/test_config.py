@@ -332,8 +332,11 @@ def test_rollout_mesh_takes_an_expert_axis_checked_as_the_learners(tmp_path):
     """``config.rollout_mesh`` of four sizes (data, fsdp, tp, expert): its devices counted after
     the learner's, its expert size refused as ``config.mesh``'s is (no routed experts, or not
     dividing num_experts), the error naming ``config.rollout_mesh`` and the model's source."""
+    import jax
+
     from agentrl_jax.models import hf_checkpoint as hc
     from agentrl_jax.models.config import preset
+    from agentrl_jax.run import build
 
     moe = dict(preset="qwen3-30b-a3b", overrides={})  # 128 routed experts
     run = from_config_dict(
@@ -386,6 +389,16 @@ def test_rollout_mesh_takes_an_expert_axis_checked_as_the_learners(tmp_path):
                        r"expert\)$"):  # fmt: skip
         from_config_dict(_config(rollout_mesh=("1", "x", "1")), num_devices=8)
 
+    # With a rollout mesh and a -1 left in config.mesh (a config validated without a device
+    # count), the learner takes the devices the rollout's leave, the rollout the last ones.
+    apart = from_config_dict(_config(mesh=(1, -1, 1), rollout_mesh=(1, 2, 1)))
+    learner, rollout = build.device_mesh(apart), build.rollout_device_mesh(apart)
+    assert dict(learner.shape) == dict(data=1, fsdp=6, tp=1)
+    assert list(learner.devices.flat) == jax.devices()[:6]
+    assert list(rollout.devices.flat) == jax.devices()[6:]
+
+
+def test_unknown_config_keys_are_refused():
     cd = _config()
     with cd.unlocked():
         cd.seeed = 1

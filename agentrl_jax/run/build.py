@@ -549,17 +549,27 @@ def device_mesh(config: RunConfig) -> Mesh | None:
     """The run's (data, fsdp, tp) mesh, or (data, fsdp, tp, expert) given four sizes (-1: all
     devices the others leave); None for a single device.
 
-    With ``config.rollout_mesh`` the learner's mesh is the first ``prod(config.mesh)`` devices
-    (a mesh even of one device: the rollout's are others). An expert size left -1 by the config
-    (validated without a device count) is checked here against the model, once resolved.
+    With ``config.rollout_mesh`` the learner's mesh is the first ``prod(config.mesh)`` devices,
+    or with a -1 all the rollout's leave (a mesh even of one device: the rollout's are others).
+    An expert size left -1 by the config (validated without a device count) is checked here
+    against the model, once resolved.
     """
     if config.rollout_mesh:
-        mesh = make_mesh(config.mesh, jax.devices()[: math.prod(config.mesh)])
+        mesh = make_mesh(config.mesh, jax.devices()[: _learner_device_count(config)])
     else:
         mesh = make_mesh(config.mesh) if math.prod(config.mesh) != 1 else None
     if mesh is not None and -1 in config.mesh:
         check_expert_axis(tuple(mesh.devices.shape), config.model)
     return mesh
+
+
+def _learner_device_count(config: RunConfig, num_devices: int | None = None) -> int:
+    """The learner's devices beside ``config.rollout_mesh``'s: ``prod(config.mesh)``, or with a
+    -1 left in it (a config validated without a device count) all that the rollout's leave."""
+    if -1 not in config.mesh:
+        return math.prod(config.mesh)
+    num_devices = jax.device_count() if num_devices is None else num_devices
+    return num_devices - math.prod(config.rollout_mesh)
 
 
 def rollout_device_mesh(config: RunConfig, devices=None) -> Mesh | None:
@@ -572,8 +582,8 @@ def rollout_device_mesh(config: RunConfig, devices=None) -> Mesh | None:
     """
     if not config.rollout_mesh:
         return None
-    first, size = math.prod(config.mesh), math.prod(config.rollout_mesh)
     devices = list(jax.devices() if devices is None else devices)
+    first, size = _learner_device_count(config, len(devices)), math.prod(config.rollout_mesh)
     if jax.process_count() > 1:
         raise ConfigError(
             f"config.rollout_mesh={config.rollout_mesh} is for one host; a multi-host run samples "
