@@ -7,7 +7,10 @@
 ``info`` always carries ``won`` (bool), ``invalid_action`` (bool) and ``state_key`` (an int that is
 equal exactly when the true environment states are equal; GiGPO and GAGPO group steps by it), plus
 ``score``/``max_score`` where the env keeps a score and ``expert_action`` where it has an expert.
-``env.reset_info()`` gives the same keys for the state right after a reset.
+``env.reset_info()`` gives the same keys for the state right after a reset. Optional keys the
+failure breakdown reads (``experiments/failures.py``): ``lost`` (the env ended the episode in
+defeat), ``expert_steps`` (the expert's plan length from the state) and ``room`` (where the
+player is, named as the family's :class:`Walkthrough` names rooms).
 
 An env that offers function tools (``Env.tool_schemas``) is stepped with a ``ToolCall``: the
 rollout parses the policy's call in its model family's format and checks it against the schemas
@@ -59,6 +62,47 @@ class Observation:
     inventory: str = ""
     feedback: str = ""
     admissible_commands: tuple[str, ...] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Walkthrough:
+    """A task's expert solution, as an env family's ``walkthrough`` hook gives it: what the
+    failure breakdown (``experiments/failures.py``) compares a lost episode's commands with.
+
+    Attributes:
+      commands: the winning commands from the start, in order.
+      rooms: the rooms the player passes through playing them, the start first, each once, in
+        the order first entered (named as the env's ``room`` info names them); empty when the
+        env has no rooms.
+      entities: every thing of the game a command can name (objects, containers, supporters,
+        doors; not rooms), lower case.
+    """
+
+    commands: tuple[str, ...]
+    rooms: tuple[str, ...] = ()
+    entities: tuple[str, ...] = ()
+
+    @property
+    def objects(self) -> frozenset[str]:
+        """The entities the walkthrough's commands name."""
+        return frozenset(name for command in self.commands for name in self.named(command))
+
+    def named(self, command: str) -> tuple[str, ...]:
+        """The entities ``command`` names, in order: whole words, case-insensitive, the longest
+        name first where names overlap (``red key`` in "unlock chest with red key", not ``key``).
+        """
+        words = command.lower().split()
+        names = sorted({tuple(e.lower().split()) for e in self.entities if e.split()}, key=len)
+        found, i = [], 0
+        while i < len(words):
+            for name in reversed(names):  # longest first
+                if tuple(words[i : i + len(name)]) == name:
+                    found.append(" ".join(name))
+                    i += len(name)
+                    break
+            else:
+                i += 1
+        return tuple(found)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,9 @@
 
 A family is whole (an :class:`EnvFamily`): its env factory, its task source, its split names,
 the split tuning and checkpoint selection read (``eval_split``), the split the reported numbers
-come from (``report_split``), and optionally its known levels, a task-type hook for the reports
-and a hook that builds tasks ahead of a study. A user's module registers one with
+come from (``report_split``), and optionally its known levels, a task-type hook for the reports,
+a hook that builds tasks ahead of a study, and one that gives a task's expert walkthrough (the
+failure breakdown's reference). A user's module registers one with
 ``register_env(name, factory, make_tasks=..., splits=..., ...)`` and it trains, evaluates and
 reports with no edit to the package (``config.plugins`` imports the module; docs/environments.md).
 
@@ -49,6 +50,10 @@ class EnvFamily:
       prepare: ``"module:attribute"`` of ``prepare(jobs, progress) -> None`` ("" for none):
         builds the tasks of ``jobs``, ``(level, split, count)`` triples, ahead of a study whose
         cells run in parallel (TextWorld generates its games once, not once per cell).
+      walkthrough: ``"module:attribute"`` of ``walkthrough(task) -> base.Walkthrough | None``
+        ("" for none): the task's winning commands, the rooms they pass through and the game's
+        entities, which the failure breakdown compares a lost episode with
+        (``experiments/failures.py``: wrong rooms, wrong objects, games longer than the step cap).
     """
 
     name: str
@@ -60,6 +65,7 @@ class EnvFamily:
     levels: tuple[str, ...] = ()
     task_type: str = ""
     prepare: str = ""
+    walkthrough: str = ""
 
     def __post_init__(self):
         def problem(what: str) -> ValueError:
@@ -67,7 +73,7 @@ class EnvFamily:
 
         if not self.name or ":" in self.name:
             raise problem("a name must be non-empty and hold no ':'")
-        for field in ("factory", "make_tasks", "task_type", "prepare"):
+        for field in ("factory", "make_tasks", "task_type", "prepare", "walkthrough"):
             path = getattr(self, field)
             if not isinstance(path, str) or (path and ":" not in path):
                 raise problem(f"{field}={path!r} must look like 'module:attr'")
@@ -90,8 +96,8 @@ class EnvFamily:
         return self.splits[1:]
 
     def hook(self, field: str) -> Callable[..., Any] | None:
-        """The callable registered as ``field`` (``make_tasks``, ``task_type``, ``prepare``),
-        imported; None when the family registered none."""
+        """The callable registered as ``field`` (``make_tasks``, ``task_type``, ``prepare``,
+        ``walkthrough``), imported; None when the family registered none."""
         path = getattr(self, field)
         return _load(path, self.name) if path else None
 
@@ -124,6 +130,7 @@ def register(
     levels: tuple[str, ...] = (),
     task_type: str | Callable[..., str] | None = "",
     prepare: str | Callable[..., Any] | None = "",
+    walkthrough: str | Callable[..., Any] | None = "",
 ) -> EnvFamily:
     """Registers the env family ``name`` (see :class:`EnvFamily` for the fields).
 
@@ -132,9 +139,9 @@ def register(
       factory: ``"module:attribute"`` or an importable class/function (stored as its import path,
         so worker processes can resolve it; it must live at module level).
       overwrite: replace an existing registration instead of raising.
-      make_tasks, splits, eval_split, report_split, levels, task_type, prepare: the family's
-        task source and evaluation protocol (:class:`EnvFamily`); callables are stored as import
-        paths like ``factory``. Without ``make_tasks`` the env can be built (``make_env``, an
+      make_tasks, splits, eval_split, report_split, levels, task_type, prepare, walkthrough:
+        the family's task source and evaluation protocol (:class:`EnvFamily`); callables are
+        stored as import paths like ``factory``. Without ``make_tasks`` the env can be built (``make_env``, an
         ``ActorPool``) but a config run cannot draw tasks from it.
 
     Returns:
@@ -155,6 +162,7 @@ def register(
         levels=tuple(levels),
         task_type=_path(task_type),
         prepare=_path(prepare),
+        walkthrough=_path(walkthrough),
     )
     if name in _REGISTRY and _REGISTRY[name] != family and not overwrite:
         raise ValueError(
@@ -278,6 +286,7 @@ register(
     report_split="test",
     task_type="agentrl_jax.envs.textworld.games:textworld_task_type",
     prepare="agentrl_jax.envs.textworld.games:textworld_prepare",
+    walkthrough="agentrl_jax.envs.textworld.games:textworld_walkthrough",
 )
 register(
     "alfworld",

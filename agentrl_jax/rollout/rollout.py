@@ -655,5 +655,9 @@ def _empty_step(info) -> Step:
 
 
 def _step_info(info) -> dict:
-    keys = ("won", "invalid_action", "invalid_tool_call", "score", "max_score", "task_type")
+    """What a step keeps of the env's answer to its action: the outcome, the score, and where
+    the env reports them the state it led to (``room``, ``expert_steps``: the failure
+    breakdown's, experiments/failures.py)."""
+    keys = ("won", "lost", "invalid_action", "invalid_tool_call", "score", "max_score")
+    keys += ("task_type", "room", "expert_steps")
     return {k: info[k] for k in keys if k in info}

@@ -32,6 +32,10 @@ info (see ``agentrl_jax.envs.base``):
 - ``expert_action``: the first command of TextWorld's winning policy from the current state
   (``policy_commands``, re-planned after every step, so it works off the walkthrough too); None
   once the game is over.
+- ``expert_steps``: the length of that winning policy, the commands the expert still needs from
+  the current state (0 once the game is over: won, or lost with no winning plan left).
+- ``room``: the room the player is in (its name, as the game's walkthrough hook names rooms:
+  ``games.textworld_walkthrough``).
 
 Bad input never crashes the env: a non-text or non-UTF-8 action, an empty one, one longer than
 ``max_action_chars``, non-ASCII text (the Z-machine parser only reads ASCII), several commands
@@ -171,6 +175,7 @@ class TextWorldEnv(Env):
             max_score=True,
             won=True,
             lost=True,
+            game=True,  # the entities' names: the player's room in ``info["room"]``
             extras=["uuid"],
         )
         try:
@@ -196,6 +201,15 @@ class TextWorldEnv(Env):
         facts = sorted(map(str, self._state["_facts"]))
         quests = tuple((q.completed, q.failed) for q in progression.quest_progressions)
         return stable_key(self._uuid, tuple(facts), quests)
+
+    def _room(self) -> str:
+        """The player's room, by name: the fact ``at(P, r)`` of the state tracker."""
+        infos = self._state["game"].infos
+        for fact in self._state["_facts"]:
+            if fact.name == "at" and fact.arguments[0].type == "P":
+                room = fact.arguments[1].name
+                return str(infos[room].name if room in infos else room)
+        return ""
 
     def _reward(self, score: int) -> float:
         if self.reward_mode == "sparse":
@@ -227,6 +241,8 @@ class TextWorldEnv(Env):
             "invalid_action": invalid_action,
             "state_key": self._facts_key,
             "expert_action": policy[0] if policy and not self._done else None,
+            "expert_steps": len(policy),
+            "room": self._room(),
             "task": self._task.name,
         }
 

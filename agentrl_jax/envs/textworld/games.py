@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl_jax.envs.base import Task
+from agentrl_jax.envs.base import Task, Walkthrough
 
 PRESETS: dict[str, tuple[int, int, int]] = {
     "simple": (2, 3, 2),
@@ -378,3 +378,28 @@ def textworld_task_type(task: Task) -> str:
         if parse_spec(level).name == spec:
             return level
     return spec
+
+
+def textworld_walkthrough(task: Task) -> Walkthrough:
+    """A TextWorld game's walkthrough (the generator's winning commands, ``game.walkthrough``),
+    the rooms they pass through (the start, then each ``go <direction>`` followed on the game's
+    map) and the game's entities, from its ``game.json``; rooms and entities by the names the
+    game prints and ``TextWorldEnv``'s ``room`` info uses."""
+    from textworld.generator import Game  # noqa: PLC0415
+
+    game = Game.load(os.path.splitext(task_game_path(task))[0] + ".json")
+    commands = tuple(game.walkthrough or ())
+    names = {key: info.name for key, info in game.infos.items()}
+    rooms = {room.id: room for room in game.world.rooms}
+    here = game.world.player_room
+    visited = [names[here.id]]
+    for command in commands:
+        verb, _, direction = command.lower().partition(" ")
+        if verb == "go" and direction in here.exits:
+            here = rooms[here.exits[direction].id]
+            if names[here.id] not in visited:
+                visited.append(names[here.id])
+    entities = sorted(
+        {info.name.lower() for info in game.infos.values() if info.name and info.type != "r"}
+    )
+    return Walkthrough(commands=commands, rooms=tuple(visited), entities=tuple(entities))
