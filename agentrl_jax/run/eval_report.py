@@ -37,6 +37,7 @@ def evaluate_policy(
     name: str,
     workdir: str,
     report_tasks: dict[str, Sequence[Task]] | None = None,
+    keep_episodes: bool = False,
 ) -> tuple[dict[str, float], dict[str, EvalResult]]:
     """How a policy is evaluated, the one way (the trainer's evaluations and ``launch.eval``):
     the policy the worker's sampler holds plays every held-out level of ``eval_tasks``
@@ -44,7 +45,7 @@ def evaluate_policy(
     checkpoint-selection metric) and, given ``report_tasks``, the report split's sets
     (``report/<level@split>/*``, kept apart so that nothing selects on them); a report per set
     under ``workdir/eval`` (from the primary process). Returns the metrics and the results by
-    level.
+    level (with ``keep_episodes``, each holding its played episodes: ``EvalResult.episodes``).
 
     ``config``: the run's ``RunConfig`` (its seed and ``env.num_transcripts``).
     """
@@ -58,6 +59,7 @@ def evaluate_policy(
         seed=config.seed,
         transcripts=config.env.num_transcripts,
         write=multihost.is_primary(),
+        keep_episodes=keep_episodes,
     )
     metrics["eval/success_rate"] = metrics[f"eval/{next(iter(eval_tasks))}/success_rate"]
     return metrics, results
@@ -72,6 +74,7 @@ def evaluate_sets(
     seed: int,
     transcripts: int,
     write: bool = True,
+    keep_episodes: bool = False,
 ) -> tuple[dict[str, float], dict[str, EvalResult]]:
     """A run's evaluation ``name``: one greedy episode per task of each ``(prefix, level,
     tasks)`` set, with the policy the worker's sampler holds (the trainer's evaluations and
@@ -79,8 +82,8 @@ def evaluate_sets(
 
     Writes a report per set under ``out_dir`` (``<name>_<level>``, ``@`` as ``_``; when
     ``write``: the primary process) and returns the metrics ``<prefix>/<level>/{success_rate,
-    mean_steps, mean_return}`` and the results by level. A set equal to one already played is
-    not played again.
+    mean_steps, mean_return}`` and the results by level (with ``keep_episodes``, their played
+    episodes). A set equal to one already played is not played again.
     """
     logging.info(
         "evaluation %s: %s",
@@ -99,6 +102,7 @@ def evaluate_sets(
                     greedy=True,
                     seed=seed,
                     transcripts=transcripts,
+                    keep_episodes=keep_episodes,
                     progress=progress,
                 )
         result = results[level] = played[ids]

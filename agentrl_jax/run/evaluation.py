@@ -30,7 +30,9 @@ results on the same games (after SFT, after RL) get a paired interval for their 
 What the agent did: ``evaluate(..., transcripts=N)`` keeps the first N episodes as text (each
 turn's observation as the model read it and the command it wrote, with the reward and the
 outcome), and ``eval_report.write_report`` puts them beside the report in
-``<name>_transcripts.md``.
+``<name>_transcripts.md``. Why it lost: ``evaluate(..., keep_episodes=True)`` keeps the played
+episodes themselves (``EvalResult.episodes``), which the failure breakdown reads
+(``experiments/failures.py``, ``launch.eval --failures``).
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ class EvalResult:
       results (two splits may name a game alike).
     transcripts: the first episodes as markdown (``transcript``), when asked for; written beside
       the report, not part of its JSON.
+    episodes: every episode played, in task order, when asked for (``keep_episodes``); not part
+      of the JSON.
     """
 
     overall: Stats
@@ -160,6 +164,7 @@ class EvalResult:
     seed: int | None = None
     outcomes: tuple[tuple[str, str, bool], ...] = ()
     transcripts: tuple[str, ...] = ()
+    episodes: tuple[Trajectory, ...] = ()
 
     @property
     def success_rate(self) -> float:
@@ -309,6 +314,7 @@ def evaluate(
     batch_size: int | None = None,
     seed: int | None = None,
     transcripts: int = 0,
+    keep_episodes: bool = False,
     progress: Callable[[int], object] | None = None,
 ) -> EvalResult:
     """Plays every task with the policy and reports success overall and per task type.
@@ -324,6 +330,7 @@ def evaluate(
         its actor pool; a multi-host worker splits them over the processes).
       seed: the run's seed, recorded in the result (the policy's; greedy play needs no key).
       transcripts: keep the first this many episodes, in task order, as text (``transcript``).
+      keep_episodes: keep every played episode in the result (``EvalResult.episodes``).
       progress: called with the number of episodes that just ended (a progress bar's update).
 
     Returns:
@@ -353,7 +360,8 @@ def evaluate(
         seed=seed,
     )
     texts = tuple(transcript(t, worker.tokenizer) for t in trajs[:transcripts])
-    return dataclasses.replace(result, transcripts=texts)
+    kept = tuple(trajs) if keep_episodes else ()
+    return dataclasses.replace(result, transcripts=texts, episodes=kept)
 
 
 def transcript(traj: Trajectory, tokenizer) -> str:
