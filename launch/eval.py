@@ -18,8 +18,13 @@ the tuning split, or ``test``, the reporting one; default: the run's evaluation 
 must list them) or ``free`` (default: the run's). Reports are named
 ``eval_<split>[_<decoding>]_<level>_<split>``; beside each, its first ``--transcripts`` episodes
 as text (``..._transcripts.md``: what the model read and wrote each turn; default: the run's
-``env.num_transcripts``, 3). Library logs (orbax, JAX) go to ``WORKDIR/logs/eval.log``, not the
-console (``--alsologtostderr``: both).
+``env.num_transcripts``, 3). ``--failures``: also why the lost episodes were lost, every level's
+in one breakdown by category and task type (``eval/<name>_failures.{md,json}``, beside the
+reports; against the run's after-SFT evaluations of the same games where it has them:
+``agentrl_jax/experiments/failures.py``, docs/evaluation.md). Library logs (orbax, JAX) go to
+``WORKDIR/logs/eval.log``, not the console (``--alsologtostderr``: both).
+
+    python -m launch.eval --workdir=runs/tiny_textworld --split=valid --failures
 """
 
 import functools
@@ -30,6 +35,7 @@ from absl import app, flags, logging
 
 from agentrl_jax import compile_cache
 from agentrl_jax.envs import registry
+from agentrl_jax.experiments import failures
 from agentrl_jax.experiments.evaluate import plot_learning_curve
 from agentrl_jax.run import eval_report, evaluation, logs, paths
 from agentrl_jax.run.config import ConfigError, from_config_dict, import_plugins
@@ -56,6 +62,11 @@ _TRANSCRIPTS = flags.DEFINE_integer(
     "Episodes per level written out as text, eval/<name>_<level>_transcripts.md (default: the "
     "run's env.num_transcripts).",
 )
+_FAILURES = flags.DEFINE_bool(
+    "failures",
+    False,
+    "Also break the lost episodes down by why they were lost: eval/<name>_failures.{md,json}.",
+)
 
 
 def _evaluate(
@@ -63,7 +74,8 @@ def _evaluate(
 ) -> tuple[dict[str, float], dict[str, evaluation.EvalResult]]:
     """``policy`` (a state of ``graphdef``, the RL learner's graph) played greedily on every
     held-out level of ``parts``, as the trainer's evaluations play them: a report per level under
-    WORKDIR/eval, the metrics and results back.
+    WORKDIR/eval (with ``--failures``, the lost episodes' breakdown too), the metrics and results
+    back.
     """
     from agentrl_jax.run import build
     from agentrl_jax.run.watchdog import Watchdog
@@ -81,9 +93,26 @@ def _evaluate(
         Watchdog(parts.config.watchdog_s).guard(f"evaluation {name}"),
         build.policy_in_sampler(parts.sampler, sync),
     ):
-        return eval_report.evaluate_policy(
-            parts.worker, parts.config, parts.eval_tasks, name=name, workdir=parts.workdir
+        metrics, results = eval_report.evaluate_policy(
+            parts.worker,
+            parts.config,
+            parts.eval_tasks,
+            name=name,
+            workdir=parts.workdir,
+            keep_episodes=_FAILURES.value,
         )
+    if _FAILURES.value:
+        out = os.path.join(parts.workdir, "eval")
+        failures.write_failures(
+            results,
+            parts.worker.tokenizer,
+            cap=failures.step_cap(parts.config),
+            max_turns=parts.config.rollout.max_turns,
+            out_dir=out,
+            name=name,
+            after_sft=failures.after_sft_results(out),
+        )
+    return metrics, results
 
 
 def _evaluate_latest(config, workdir: str, name: str):
@@ -164,6 +193,8 @@ def main(argv):
     for key, value in sorted(metrics.items()):
         print(f"{key}: {value:.3f}")
     print(f"reports: {out}/{name}_*.json and .md (transcripts: {name}_*_transcripts.md)")
+    if _FAILURES.value:
+        print(f"failures: {out}/{name}_failures.md and .json")
     print(f"learning curve: {out}/learning_curve.png ({', '.join(tags)})")
 
 

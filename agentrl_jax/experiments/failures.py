@@ -56,8 +56,12 @@ SFT's had won.
 from __future__ import annotations
 
 import dataclasses
+import glob
+import inspect
+import json
+import os
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl_jax.envs.base import Task, Walkthrough
@@ -553,6 +557,80 @@ def sft_start(breakdown: Breakdown, after_sft: Sequence[EvalResult]) -> SftStart
     return SftStart(out)
 
 
+def step_cap(config) -> int:
+    """The step cap of a run's episodes: ``rollout.max_turns``, or the env's own step limit
+    where that is lower (its ``max_steps`` argument: ``env.kwargs``', else its factory's
+    default; an env without one has none)."""
+    from agentrl_jax.envs import registry  # noqa: PLC0415
+
+    kwargs = dict(config.env.kwargs)
+    limit = kwargs.get("max_steps")
+    if limit is None:
+        factory = registry.load_factory(config.env.name)
+        param = inspect.signature(factory).parameters.get("max_steps")
+        if param is not None and isinstance(param.default, int):
+            limit = param.default
+    turns = config.rollout.max_turns
+    return turns if limit is None else min(turns, int(limit))
+
+
+def after_sft_results(eval_dir: str | os.PathLike) -> list[EvalResult]:
+    """The evaluations ``launch.train`` wrote after SFT (``eval/after_sft_<level>.json``), in
+    name order; none when the run has none."""
+    results = []
+    for path in sorted(glob.glob(os.path.join(eval_dir, "after_sft_*.json"))):
+        with open(path) as f:
+            data = json.load(f)
+        if isinstance(data, dict) and "overall" in data and "outcomes" in data:
+            results.append(EvalResult.from_json(data))
+    return results
+
+
+def write_failures(
+    results: Mapping[str, EvalResult],
+    tokenizer,
+    *,
+    cap: int,
+    max_turns: int,
+    out_dir: str | os.PathLike,
+    name: str,
+    after_sft: Sequence[EvalResult] = (),
+) -> tuple[str, str]:
+    """The breakdown of every level's lost episodes (each result with its ``episodes``, from
+    ``evaluate(..., keep_episodes=True)``), with the SFT start when ``after_sft`` holds results:
+    ``<out_dir>/<name>_failures.json`` and ``.md``; returns their paths."""
+    # Two levels of the same games share one result (evaluate_sets plays it once): count it once.
+    unique = list({id(r): r for r in results.values()}.values())
+    if any(r.overall.episodes and not r.episodes for r in unique):
+        raise ValueError(
+            "write_failures: a result without its episodes; evaluate with keep_episodes"
+        )
+    records = [
+        rec for r in unique for rec in episode_records(r.episodes, tokenizer, max_turns=max_turns)
+    ]
+    protocol = "; ".join(dict.fromkeys(r.protocol for r in unique))
+    breakdown = failure_breakdown(records, cap=cap, protocol=protocol)
+    start = sft_start(breakdown, after_sft) if after_sft else None
+    os.makedirs(out_dir, exist_ok=True)
+    json_path = os.path.join(out_dir, f"{name}_failures.json")
+    md_path = os.path.join(out_dir, f"{name}_failures.md")
+    out = {"name": name, **breakdown.to_json()}
+    out["sft_start"] = start.to_json() if start else None
+    with open(json_path, "w") as f:
+        json.dump(out, f, indent=2, allow_nan=False)
+        f.write("\n")
+    text = breakdown.markdown(title=name)
+    if start:
+        sft = "; ".join(dict.fromkeys(r.protocol for r in after_sft))
+        text += (
+            "\n\n## SFT start\n\nThe lost episodes against the same games after SFT "
+            f"({sft}):\n\n{start.markdown()}"
+        )
+    with open(md_path, "w") as f:
+        f.write(text + "\n")
+    return json_path, md_path
+
+
 def _json_share(n: int, total: int) -> float | None:
     return n / total if total else None  # JSON has no NaN
 
@@ -575,6 +653,9 @@ __all__ = [
     "classify",
     "episode_records",
     "failure_breakdown",
+    "after_sft_results",
     "family_walkthrough",
     "sft_start",
+    "step_cap",
+    "write_failures",
 ]
