@@ -490,6 +490,7 @@ def test_eval_entry_point_reports_and_plots(
         "--split=valid",
         "--levels=simple",
         "--num_tasks=1",
+        "--failures",
     ]
     out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
@@ -500,6 +501,25 @@ def test_eval_entry_point_reports_and_plots(
     report = json.loads((workdir / "eval" / "eval_valid_simple_valid.json").read_text())
     assert report["num_tasks"] == 1 and report["overall"]["episodes"] == 1
     assert (workdir / "eval" / "eval_valid_simple_valid.md").is_file()
+    # --failures: the lost episode (if the game was lost) in a category, against the same game
+    # after SFT (the run's eval/after_sft_simple.json played it).
+    lost = 1 - report["overall"]["wins"]
+    failures = json.loads((workdir / "eval" / "eval_valid_failures.json").read_text())
+    assert failures["cap"] == 3  # the :test config's rollout.max_turns and env max_steps
+    every = failures["per_type"]["all"]
+    assert every["episodes"] == 1 and every["lost"] == lost == len(failures["episodes"])
+    assert sum(c["count"] for c in every["categories"].values()) == lost
+    sft = json.loads((workdir / "eval" / "after_sft_simple.json").read_text())
+    assert sft["outcomes"][0][:2] == ["valid", report["outcomes"][0][1]]
+    start = failures["sft_start"]["all"]
+    assert start["not_evaluated"] == 0
+    assert start["lost_after_sft" if not sft["outcomes"][0][2] else "won_after_sft"] == lost
+    for row in failures["episodes"]:
+        assert row["steps"] <= 3 and row["walkthrough_steps"] >= 1
+        # Simple games have no defeat, and constrained decoding writes no rejected command.
+        assert row["category"] in failures["precedence"]
+        assert row["category"] not in ("lost", "invalid", "other")
+    assert "## SFT start" in (workdir / "eval" / "eval_valid_failures.md").read_text()
     png = (workdir / "eval" / "learning_curve.png").read_bytes()
     assert png.startswith(b"\x89PNG")
 
