@@ -99,7 +99,7 @@ def test_the_built_in_families_task_sources_live_beside_their_envs():
 
     for name, module in (("textworld", games), ("alfworld", alfworld_data), ("swe", swe_tasks)):
         family = registry.family(name)
-        for field in ("make_tasks", "task_type", "prepare"):
+        for field in ("make_tasks", "task_type", "prepare", "walkthrough"):
             path = getattr(family, field)
             assert not path or path.partition(":")[0] == module.__name__, (name, field, path)
             if path:
