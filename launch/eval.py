@@ -37,7 +37,7 @@ from agentrl_jax import compile_cache
 from agentrl_jax.envs import registry
 from agentrl_jax.experiments import failures
 from agentrl_jax.experiments.evaluate import plot_learning_curve
-from agentrl_jax.run import eval_report, evaluation, logs, paths
+from agentrl_jax.run import eval_report, evaluation, logs, multihost, paths
 from agentrl_jax.run.config import ConfigError, from_config_dict, import_plugins
 from launch import cli
 
@@ -101,7 +101,7 @@ def _evaluate(
             workdir=parts.workdir,
             keep_episodes=_FAILURES.value,
         )
-    if _FAILURES.value:
+    if _FAILURES.value and multihost.is_primary():
         out = os.path.join(parts.workdir, "eval")
         failures.write_failures(
             results,
