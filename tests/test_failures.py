@@ -39,6 +39,7 @@ def _record(
     task_id="simple/0",
     kind="simple",
     history_cut=False,
+    final_state=None,
 ):
     n = len(commands)
     return EpisodeRecord(
@@ -50,6 +51,7 @@ def _record(
         rooms=tuple(["kitchen"] * n if rooms is None else rooms),
         plan_left=tuple([None] * n if plan is None else plan),
         ending=ending,
+        final_state=final_state,
         history_cut=history_cut,
     )
 
@@ -126,6 +128,14 @@ def test_flags_count_what_each_lost_episode_did_whatever_its_category():
     again = _record(["take key from table", "go north", "take key from table"], states=[0, 1, 2])
     f = classify(again, WALK, cap=6)
     assert f.repeats == 0 and f.flags == {"same_command"} and f.category == "cap"
+    # Back to a state it had left (the key taken, dropped, taken again): a circle, a loop.
+    undo = ["take key from table", "drop key", "take key"]
+    f = classify(_record(undo, states=[0, 1, 2], final_state=1), WALK, cap=6)
+    assert (f.circles, f.repeats, f.category) == (1, 0, "loop")
+    assert classify(_record(undo, states=[0, 1, 2]), WALK, cap=6).category == "cap"
+    # A command that changes nothing leaves the state where it was: no circle.
+    f = classify(_record(["look", "go north"], states=[0, 0], final_state=1), WALK, cap=6)
+    assert f.circles == 0 and f.category == "cap"
     # A single repeat is a loop at min_repeats=1.
     assert classify(CASES["invalid"][0], WALK, cap=6, min_repeats=1).category == "loop"
     f = classify(_record(["look"], history_cut=True, plan=[3]), WALK, cap=6)
@@ -255,9 +265,10 @@ def test_a_records_ending_follows_how_the_rollout_ended_the_episode(
 ):
     traj = Trajectory(task=Task("textworld", "valid", "simple/0"), group=0, won=won)
     traj.truncated = truncated
-    for t in range(steps):
+    for t in range(steps):  # acted from state t, led to state 10 + t
         info = {"room": "attic", "expert_steps": 2 - t, "invalid_action": t == 0, "score": 0}
-        traj.steps.append(_step(tok, "open chest", **info))
+        traj.steps.append(_step(tok, "open chest", **info, state_key=10 + t))
+        traj.steps[-1].state_key = t
     if steps:
         traj.steps[-1].done = done
     record = EpisodeRecord.of(traj, tok, max_turns=3)
@@ -265,6 +276,8 @@ def test_a_records_ending_follows_how_the_rollout_ended_the_episode(
     assert record.commands == ("open chest",) * steps
     assert record.invalid == tuple(t == 0 for t in range(steps))
     assert record.plan_left == tuple(2 - t for t in range(steps))
+    assert record.states == tuple(range(steps))
+    assert record.final_state == (10 + steps - 1 if steps else None)
     infra = Trajectory(task=traj.task, group=0, infra_failure=True)
     assert failures.episode_records([infra, traj], tok, max_turns=3) == [record]
 
@@ -341,6 +354,7 @@ def test_real_textworld_rollouts_give_records_the_breakdown_classifies(
                 continue
             assert record.ending == ending and len(record.commands) == steps
             assert all(record.rooms) and all(p is not None for p in record.plan_left)
+            assert (record.final_state is None) == (steps == 0)
             assert record.task_type == "simple"
             # Constrained decoding: every command was one the game listed, none rejected.
             assert not any(record.invalid)

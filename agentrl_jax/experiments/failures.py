@@ -27,8 +27,10 @@ decide first, then how the episode ended, then where its steps went, most specif
    max_steps)``): no policy wins this game at this cap.
 2. ``lost``: the env ended the episode in defeat.
 3. ``context``: the context filled before the step cap.
-4. ``loop``: at least ``min_repeats`` (2) steps repeat an earlier step of the episode, the same
-   command from the same state (``state_key``; the report's ``loop steps``).
+4. ``loop``: the episode went round in a circle, back to a state it had left (``state_key``,
+   which TextWorld keys by the world's facts and the quests done, so no score was gained in
+   between), or at least ``min_repeats`` (2) steps repeat an earlier step of the episode, the
+   same command from the same state (the report's ``loop steps``).
 5. ``wrong_room``: the player entered a room the walkthrough never passes through.
 6. ``wrong_object``: a command named a thing of the game that no walkthrough command names.
 7. ``invalid``: the env rejected a command (not admissible and nothing changed).
@@ -91,7 +93,7 @@ FLAGS = (
     "progressed",
 )
 FLAG_TEXT = {
-    "loop": "repeated an earlier step (same command, same state)",
+    "loop": "went round in a circle, or repeated a step (same command, same state)",
     "same_command": "played one command twice or more",
     "wrong_room": "entered a room off the walkthrough",
     "wrong_object": "named a thing off the walkthrough",
@@ -110,6 +112,7 @@ class EpisodeRecord:
       task_type: its report category (``run/evaluation.task_type``).
       commands: the commands, as the env read them.
       states: the state each command was played from (``state_key``).
+      final_state: the state the last command led to (None: unknown, or no command).
       invalid: per command, whether the env rejected it.
       rooms: per command, the player's room after it ("" where the env reports none).
       plan_left: per command, the expert's plan length after it (None where not reported).
@@ -126,6 +129,7 @@ class EpisodeRecord:
     rooms: tuple[str, ...]
     plan_left: tuple[int | None, ...]
     ending: str
+    final_state: int | None = None
     history_cut: bool = False
     score: int | None = None
 
@@ -160,6 +164,7 @@ class EpisodeRecord:
         else:
             ending = "unknown"
         score = last.info.get("score") if last is not None else None
+        final = last.info.get("state_key") if last is not None else None
         return cls(
             task=traj.task,
             task_type=task_type(traj),
@@ -169,6 +174,7 @@ class EpisodeRecord:
             rooms=tuple(str(s.info.get("room", "")) for s in steps),
             plan_left=tuple(_int_or_none(s.info.get("expert_steps")) for s in steps),
             ending=ending,
+            final_state=_int_or_none(final),
             history_cut=any(s.info.get("context_truncated") for s in steps),
             score=None if score is None else int(score),
         )
@@ -196,6 +202,7 @@ class Failure:
       flags: which secondary flags it shows (``FLAGS``; all that apply, the primary's included).
       walkthrough: the walkthrough's commands (empty: none known).
       repeats: steps that repeat an earlier step's command from the same state.
+      circles: times the episode came back to a state it had left.
       most_played: the command played most often, and how often.
       wrong_rooms: rooms entered that the walkthrough never passes through, in order.
       wrong_objects: things named that no walkthrough command names, in order.
@@ -209,6 +216,7 @@ class Failure:
     flags: frozenset[str]
     walkthrough: tuple[str, ...]
     repeats: int
+    circles: int
     most_played: tuple[str, int]
     wrong_rooms: tuple[str, ...]
     wrong_objects: tuple[str, ...]
@@ -229,6 +237,7 @@ class Failure:
             "plan_left": r.plan_left[-1] if r.plan_left else None,
             "hopeless_after": self.hopeless_after,
             "repeats": self.repeats,
+            "circles": self.circles,
             "most_played": list(self.most_played),
             "wrong_rooms": list(self.wrong_rooms),
             "wrong_objects": list(self.wrong_objects),
@@ -254,7 +263,7 @@ def classify(
       record: the episode (not won).
       walkthrough: the task's walkthrough (None: the env family gives none).
       cap: the step cap the episode was played under (``min(rollout.max_turns, env max_steps)``).
-      min_repeats: repeated steps that make a ``loop``.
+      min_repeats: repeated steps (same command, same state) that make a ``loop``.
       episode: the record's place among its game's episodes.
     """
     if record.won:
@@ -266,6 +275,8 @@ def classify(
     for state, command in zip(record.states, record.commands):
         repeats += (state, command) in seen
         seen.add((state, command))
+    path = [*record.states, *([] if record.final_state is None else [record.final_state])]
+    circles = sum(path[i] != path[i - 1] and path[i] in path[: i - 1] for i in range(1, len(path)))
     played = Counter(record.commands).most_common(1)
     most_played = played[0] if played else ("", 0)
     wrong_rooms: list[str] = []
@@ -283,7 +294,7 @@ def classify(
     hopeless_after = _hopeless_after(record, walkthrough, cap)
     unwinnable = walkthrough is not None and len(walkthrough.commands) > cap
     flags = {
-        "loop": repeats >= min_repeats,
+        "loop": circles > 0 or repeats >= min_repeats,
         "same_command": most_played[1] >= 2,
         "wrong_room": bool(wrong_rooms),
         "wrong_object": bool(wrong_objects),
@@ -309,6 +320,7 @@ def classify(
         flags=frozenset(f for f, on in flags.items() if on),
         walkthrough=tuple(walkthrough.commands) if walkthrough is not None else (),
         repeats=repeats,
+        circles=circles,
         most_played=most_played,
         wrong_rooms=tuple(wrong_rooms),
         wrong_objects=tuple(wrong_objects),
@@ -467,7 +479,7 @@ def failure_breakdown(
       cap: the step cap they were played under.
       walkthrough: a task's walkthrough (default: its env family's ``walkthrough`` hook; None
         for a family without one); asked once per game.
-      min_repeats: repeated steps that make a ``loop``.
+      min_repeats: repeated steps (same command, same state) that make a ``loop``.
       protocol: how they were played, for the markdown's first line.
     """
     find = walkthrough or family_walkthrough

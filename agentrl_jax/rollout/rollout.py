@@ -655,9 +655,10 @@ def _empty_step(info) -> Step:
 
 
 def _step_info(info) -> dict:
-    """What a step keeps of the env's answer to its action: the outcome, the score, and where
-    the env reports them the state it led to (``room``, ``expert_steps``: the failure
-    breakdown's, experiments/failures.py)."""
+    """What a step keeps of the env's answer to its action: the outcome, the score, and the
+    state it led to (``state_key``: the step's own ``Step.state_key`` is the state it acted
+    from; ``room``, ``expert_steps`` where the env reports them: the failure breakdown's,
+    experiments/failures.py)."""
     keys = ("won", "lost", "invalid_action", "invalid_tool_call", "score", "max_score")
-    keys += ("task_type", "room", "expert_steps")
+    keys += ("task_type", "state_key", "room", "expert_steps")
     return {k: info[k] for k in keys if k in info}
