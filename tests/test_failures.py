@@ -4,6 +4,7 @@ walkthrough as the env plays it. The launcher's ``--failures``: tests/test_train
 
 import dataclasses
 import json
+import pathlib
 
 import jax
 import pytest
@@ -280,6 +281,41 @@ def test_a_records_ending_follows_how_the_rollout_ended_the_episode(
     assert record.final_state == (10 + steps - 1 if steps else None)
     infra = Trajectory(task=traj.task, group=0, infra_failure=True)
     assert failures.episode_records([infra, traj], tok, max_turns=3) == [record]
+
+
+def test_write_failures_writes_the_breakdown_and_the_sft_start_of_the_same_games(tok, tmp_path):
+    task = Task("scripted", "valid", "simple/0")  # a family without a walkthrough hook
+    won = Trajectory(task=Task("scripted", "valid", "simple/1"), group=1, won=True)
+    won.steps.append(_step(tok, "open chest", state_key=1))
+    lost = Trajectory(task=task, group=0, truncated=True)
+    lost.steps += [_step(tok, "look", state_key=0) for _ in range(3)]
+    result = EvalResult(
+        overall=Stats.of([won, lost]), per_type={}, greedy=True, num_tasks=2, split="valid",
+        episodes=(won, lost),
+    )  # fmt: skip
+    other = dataclasses.replace(_result([("simple/0", True)]), split="test", num_tasks=7)
+    other = dataclasses.replace(other, outcomes=(("test", "simple/0", True),))
+    json_path, md_path = failures.write_failures(
+        {"simple": result, "simple@valid": result},  # one result under two levels: once
+        tok,
+        cap=3,
+        max_turns=3,
+        out_dir=tmp_path,
+        name="eval_valid",
+        after_sft=[_result([("simple/0", False), ("simple/1", True)]), other],
+    )
+    out = json.loads(pathlib.Path(json_path).read_text())
+    assert out["per_type"]["all"]["episodes"] == 2 and out["per_type"]["all"]["lost"] == 1
+    # "look" three times from one state: two repeats.
+    assert [e["category"] for e in out["episodes"]] == ["loop"]
+    assert out["sft_start"]["all"] == {"lost_after_sft": 1, "won_after_sft": 0, "not_evaluated": 0}
+    text = pathlib.Path(md_path).read_text()
+    assert "## SFT start" in text and "2 valid games" in text and "7 test games" not in text
+    with pytest.raises(ValueError, match="keep_episodes"):
+        failures.write_failures(
+            {"simple": dataclasses.replace(result, episodes=())}, tok, cap=3, max_turns=3,
+            out_dir=tmp_path, name="x",
+        )  # fmt: skip
 
 
 def test_textworld_reports_the_room_and_the_plan_left_along_its_walkthrough(textworld_games):

@@ -609,8 +609,9 @@ def write_failures(
     after_sft: Sequence[EvalResult] = (),
 ) -> tuple[str, str]:
     """The breakdown of every level's lost episodes (each result with its ``episodes``, from
-    ``evaluate(..., keep_episodes=True)``), with the SFT start when ``after_sft`` holds results:
-    ``<out_dir>/<name>_failures.json`` and ``.md``; returns their paths."""
+    ``evaluate(..., keep_episodes=True)``), with the SFT start when ``after_sft`` holds results
+    of the same games (those of other games are left out): ``<out_dir>/<name>_failures.json``
+    and ``.md``; returns their paths."""
     # Two levels of the same games share one result (evaluate_sets plays it once): count it once.
     unique = list({id(r): r for r in results.values()}.values())
     if any(r.overall.episodes and not r.episodes for r in unique):
@@ -622,6 +623,8 @@ def write_failures(
     ]
     protocol = "; ".join(dict.fromkeys(r.protocol for r in unique))
     breakdown = failure_breakdown(records, cap=cap, protocol=protocol)
+    games = {(r.task.split, r.task.id) for r in records}
+    after_sft = [r for r in after_sft if games & {(s, t) for s, t, _ in r.outcomes}]
     start = sft_start(breakdown, after_sft) if after_sft else None
     os.makedirs(out_dir, exist_ok=True)
     json_path = os.path.join(out_dir, f"{name}_failures.json")
