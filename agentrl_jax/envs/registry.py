@@ -141,8 +141,8 @@ def register(
       overwrite: replace an existing registration instead of raising.
       make_tasks, splits, eval_split, report_split, levels, task_type, prepare, walkthrough:
         the family's task source and evaluation protocol (:class:`EnvFamily`); callables are
-        stored as import paths like ``factory``. Without ``make_tasks`` the env can be built (``make_env``, an
-        ``ActorPool``) but a config run cannot draw tasks from it.
+        stored as import paths like ``factory``. Without ``make_tasks`` the env can be built
+        (``make_env``, an ``ActorPool``) but a config run cannot draw tasks from it.
 
     Returns:
       The registered :class:`EnvFamily`.
