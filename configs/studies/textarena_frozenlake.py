@@ -5,9 +5,10 @@ r"""Does RL improve the tiny policy on another project's environment? TextArena'
 
 The recipe (configs/textarena_frozenlake.py): TextArena's ``FrozenLake-v0`` through the textarena
 adapter, constrained decoding among the moves the engine accepts, 40 expert demonstrations (a
-shortest hole-free path, read from the engine's state), then 20 GRPO iterations of 8 boards x 8
-episodes on boards no demonstration showed, rewarded 1 for a win and 0 otherwise; 1,680 units in
-the practitioner's guide's units (a demonstration costs 10 episodes).
+shortest hole-free path, read from the engine's state; 30 epochs of SFT), then 20 GRPO
+iterations of 8 boards x 8 episodes on boards no demonstration showed, rewarded 1 for a win and
+0 otherwise; 1,680 units in the practitioner's guide's units (a demonstration costs 10
+episodes).
 
 - ``sft_rl`` (the reference): the recipe.
 - ``sft_only``: the whole budget on SFT, 168 demonstrations, no RL.
