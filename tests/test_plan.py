@@ -16,6 +16,13 @@ from agentrl_jax.experiments import plan
 from agentrl_jax.models.config import preset
 from agentrl_jax.run.config import ConfigError, from_config_dict, load_config_file
 
+# A Qwen3-MoE of 2 layers with 8 routed experts of width 32, 2 a token (the qwen3-30b-a3b
+# preset's family, shrunk).
+TINY_MOE = dict(
+    vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+)  # fmt: skip
+
 
 def _config(spec, num_devices, **mesh):
     cd = load_config_file(spec)
@@ -317,11 +324,7 @@ def test_rollout_mesh_with_an_expert_axis_plans_the_experts_split_over_it():
     (1, 1, 1, 2)."""
     cd = load_config_file("configs/tiny_textworld.py:test")
     cd.model.preset = "qwen3-30b-a3b"
-    cd.model.overrides = dict(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32,
-    )  # fmt: skip
+    cd.model.overrides = dict(TINY_MOE)
     cd.mesh, cd.rollout_mesh = (1, 1, 1), (1, 1, 1, 2)
     result = plan.memory_plan(from_config_dict(cd, num_devices=3), programs=("sampler_turn",))
     result = json.loads(json.dumps(result))
@@ -382,11 +385,7 @@ def test_expert_axis_plans_the_experts_split_over_it():
     half the routed experts' weights a device on (1, 2, 1, 2) that it holds on (1, 2, 1, 1)."""
     cd = load_config_file("configs/tiny_textworld.py:test")
     cd.model.preset = "qwen3-30b-a3b"
-    cd.model.overrides = dict(
-        vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4,
-        num_kv_heads=2, head_dim=16, num_experts=8, num_experts_per_tok=2,
-        moe_intermediate_size=32,
-    )  # fmt: skip
+    cd.model.overrides = dict(TINY_MOE)
     plans = {}
     for mesh, programs in [((1, 2, 1, 1), ("sft_step",)), ((1, 2, 1, 2), None)]:
         cd.mesh = mesh
