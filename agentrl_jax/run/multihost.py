@@ -133,20 +133,36 @@ def broadcast_object(make: Callable[[], Any]) -> Any:
     return allgather_objects(value)[0]
 
 
-def sampler_mesh_shape(cfg: ModelConfig, num_devices: int) -> tuple[int, int, int]:
-    """The (data, fsdp, tp) shape of a sampler on ``num_devices`` of one host: ``(d, 1, tp)``.
+def sampler_mesh_shape(cfg: ModelConfig, num_devices: int) -> tuple[int, ...]:
+    """The shape of a sampler on ``num_devices`` of one host: ``(data, fsdp, tp)`` = ``(d, 1,
+    tp)``, or ``(data, fsdp, tp, expert)`` = ``(d, 1, tp, e)`` for a model with routed experts.
 
     ``tp`` is the most devices that divide ``num_devices`` and both head counts (query and kv),
     so attention, the MLP width, the vocabulary and the KV cache's heads are all split, not
-    replicated; the devices left over take rows (``data``). No ``fsdp``: a decode step would
-    all-gather every weight it reads.
+    replicated. No ``fsdp``: a decode step would all-gather every weight it reads.
+
+    The ``num_devices / tp`` devices left over take rows (``data``) in a dense model. Parameters
+    are replicated along ``data``, so in a model with routed experts (``cfg.num_experts``) each
+    ``data`` row would hold every expert, most of the model's bytes (Qwen3-30B-A3B, 4 kv heads,
+    on 8 devices: tp=4, and each expert held twice). There the leftover devices go first to
+    ``expert`` (``e``: the largest divisor of them that divides ``num_experts``), so each device
+    holds ``num_experts / e`` experts and the host one copy of each, and what remains to
+    ``data``. The price: the batch, attention and the KV cache are replicated along ``expert``
+    as they would be split along ``data`` (``batch`` is split over (data, fsdp) only); the
+    experts' work is split either way (every expert runs on every token, ``models/moe.py``).
+    A model with experts always gets the four-axis shape (``e`` = 1 when nothing is left over);
+    a dense model keeps the three-axis one.
     """
     tp = max(
         t
         for t in range(1, num_devices + 1)
         if num_devices % t == 0 and cfg.num_heads % t == 0 and cfg.num_kv_heads % t == 0
     )
-    return (num_devices // tp, 1, tp)
+    rest = num_devices // tp
+    if not cfg.num_experts:
+        return (rest, 1, tp)
+    expert = max(e for e in range(1, rest + 1) if rest % e == 0 and cfg.num_experts % e == 0)
+    return (rest // expert, 1, tp, expert)
 
 
 def process_devices(process_index: int) -> list[Any]:
@@ -162,14 +178,17 @@ def local_mesh(cfg: ModelConfig, process_index: int | None = None) -> Mesh:
 
 
 def _stacked_mesh(local: Mesh) -> Mesh:
-    """Every process's local mesh (the same shape as ``local``), stacked along ``data``.
+    """Every process's local mesh (the same shape and axes as ``local``: three, or four with
+    ``expert``), stacked along ``data``.
 
     The same on every process: process p's devices are rows ``[p * d, (p + 1) * d)``, laid out
     as its own local mesh, so a parameter laid out by the rules on this mesh (parameters are
-    never split over ``data``) has on each process's devices exactly its layout on that
-    process's local mesh.
+    never split over ``data``; the other axes, ``expert`` included, have their local sizes) has
+    on each process's devices exactly its layout on that process's local mesh.
     """
-    shape = tuple(int(local.shape[a]) for a in sharding.MESH_AXES)
+    shape = tuple(int(local.shape[a]) for a in local.axis_names)
+    if local.axis_names[0] != "data":
+        raise ValueError(f"local mesh axes {local.axis_names}: expected 'data' first")
     blocks = []
     for p in range(jax.process_count()):
         devices = process_devices(p)
@@ -179,20 +198,21 @@ def _stacked_mesh(local: Mesh) -> Mesh:
                 f"needs {local.size} on every process"
             )
         blocks.append(sharding.make_mesh(shape, devices).devices)
-    return Mesh(np.concatenate(blocks, axis=0), sharding.MESH_AXES, axis_types=local.axis_types)
+    return Mesh(np.concatenate(blocks, axis=0), local.axis_names, axis_types=local.axis_types)
 
 
 def local_copy(tree: Any, local: Mesh, dtype: Any = None) -> Any:
     """This process's copy of a global parameter state (e.g. the policy's), on ``local``.
 
     The arrays are cast to ``dtype`` (the sampler's compute dtype: bf16 on accelerators; None
-    keeps them) and laid out on ``local`` by the logical-axis rules: split over its ``tp`` axis,
-    not replicated, so a process holds one copy spread over its devices. One collective moves
-    them there (every process calls this): each array is cast in its own layout, resharded to
-    every process's local layout at once (``_stacked_mesh``), and this process's shards become
-    one array on ``local``. The sampler runs on that copy without any cross-host communication,
-    so each process plays its own waves at its own pace. The copy shares no buffer with
-    ``tree``: it can be deleted while the train state lives on.
+    keeps them) and laid out on ``local`` by the logical-axis rules: split over its ``tp`` axis
+    (and routed experts over its ``expert`` axis, when it has one), not replicated, so a process
+    holds one copy spread over its devices. One collective moves them there (every process
+    calls this): each array is cast in its own layout, resharded to every process's local
+    layout at once (``_stacked_mesh``), and this process's shards become one array on
+    ``local``. The sampler runs on that copy without any cross-host communication, so each
+    process plays its own waves at its own pace. The copy shares no buffer with ``tree``: it
+    can be deleted while the train state lives on.
 
     Args:
       tree: an ``nnx.State`` of parameters (Variables carrying ``logical_axes``) on any mesh.
