@@ -7,6 +7,7 @@ import sys
 import threading
 
 import jax
+import jax.numpy as jnp
 import multihost_worker
 import numpy as np
 import pytest
@@ -143,6 +144,76 @@ def test_process_rows_match_the_placed_global_batch(mesh_shape, num_rows, expect
         held[_pretend_two_processes(shard.device)].update(owned.tolist())
         np.testing.assert_array_equal(np.asarray(shard.data), batch[shard.index])
     assert {p: sorted(h) for p, h in held.items()} == {p: list(r) for p, r in expected.items()}
+
+
+def test_sampler_mesh_gives_routed_experts_the_devices_left_after_tp():
+    """A dense model keeps its (d, 1, tp) sampler mesh; a model with routed experts gets
+    (d, 1, tp, e), the devices left after tp going to ``expert`` as far as they divide its
+    experts."""
+    from agentrl_jax.models.config import PRESETS, ModelConfig
+
+    # Dense: the shape before experts had an axis, for every dense preset and host size.
+    assert multihost.sampler_mesh_shape(PRESETS["qwen2.5-0.5b"], 8) == (4, 1, 2)  # 2 kv heads
+    assert multihost.sampler_mesh_shape(PRESETS["qwen2.5-7b"], 8) == (2, 1, 4)
+    assert multihost.sampler_mesh_shape(PRESETS["qwen3-8b"], 16) == (2, 1, 8)
+    for name, cfg in PRESETS.items():
+        if cfg.num_experts:
+            continue
+        for n in range(1, 17):
+            heads = [t for t in range(1, n + 1) if cfg.num_heads % t == cfg.num_kv_heads % t == 0]
+            tp = max(t for t in heads if n % t == 0)
+            assert multihost.sampler_mesh_shape(cfg, n) == (n // tp, 1, tp), (name, n)
+    # Qwen3-30B-A3B (32 query, 4 kv heads, 128 experts): tp = 4, the rest on experts.
+    moe = PRESETS["qwen3-30b-a3b"]
+    assert multihost.sampler_mesh_shape(moe, 8) == (1, 1, 4, 2)
+    assert multihost.sampler_mesh_shape(moe, 16) == (1, 1, 4, 4)
+    assert multihost.sampler_mesh_shape(moe, 4) == (1, 1, 4, 1)  # nothing left over
+    assert multihost.sampler_mesh_shape(moe, 1) == (1, 1, 1, 1)
+    # A tiny MoE (4 query, 2 kv heads: tp = 2 of 8 devices, 4 left): the largest divisor of the
+    # 4 that divides its experts takes them, the rest take rows.
+    tiny = ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=1, num_heads=4,
+        num_kv_heads=2, head_dim=8, family="qwen3_moe", attention_bias=False, qk_norm=True,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+    )  # fmt: skip
+    assert multihost.sampler_mesh_shape(tiny, 8) == (1, 1, 2, 4)
+    assert multihost.sampler_mesh_shape(tiny.replace(num_experts=6), 8) == (2, 1, 2, 2)
+    assert multihost.sampler_mesh_shape(tiny.replace(num_experts=3), 8) == (4, 1, 2, 1)
+    assert multihost.sampler_mesh_shape(tiny, 2) == (1, 1, 2, 1)
+
+
+def test_multi_host_plan_holds_each_expert_once_per_host():
+    """``launch.plan --local_devices=8`` for Qwen3-30B-A3B (abstract, nothing allocated): one
+    host's sampler mesh is (1, 1, 4, 2) and its bf16 copy holds 64 of the 128 experts a device,
+    each expert once on the host, where the (2, 1, 4) mesh held every expert on each row."""
+    from flax import nnx
+
+    from agentrl_jax.experiments import plan
+    from agentrl_jax.models import registry
+    from agentrl_jax.models.config import PRESETS
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py fakes 8 CPU devices)")
+    cfg = PRESETS["qwen3-30b-a3b"].replace(dtype=jnp.bfloat16)
+    family = registry.family(cfg)
+    policy = nnx.state(nnx.eval_shape(lambda: family.policy(cfg, rngs=nnx.Rngs(0))), nnx.Param)
+    learner = sharding.make_mesh((1, 4, 1, 2))
+    local, copy, owned = plan.sampler_copy(cfg, policy, learner, local_devices=8)
+    assert owned and dict(local.shape) == dict(data=1, fsdp=1, tp=4, expert=2)
+    gate = copy["trunk"]["layers"]["mlp"]["gate_weight_edf"].get_value()  # scanned: [L, E, D, F]
+    assert gate.dtype == jnp.bfloat16
+    assert (gate.sharding.spec[1], gate.sharding.spec[3]) == ("expert", "tp")
+    assert gate.sharding.shard_shape(gate.shape) == (48, 128 // 2, 2048, 768 // 4)
+    rows = sharding.make_mesh((2, 1, 4))  # the three-axis sampler mesh of before
+    before = jax.tree.map(
+        lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+        copy,
+        sharding.leaf_shardings(copy, rows),
+    )
+    ratio = plan.device_bytes(before) / plan.device_bytes(copy)
+    print(f"Qwen3-30B-A3B's bf16 copy a device: {plan.device_bytes(copy) / 2**30:.2f} GiB on "
+          f"(1, 1, 4, 2), {plan.device_bytes(before) / 2**30:.2f} GiB on (2, 1, 4)")  # fmt: skip
+    assert 1.8 < ratio < 2  # the experts (most of the bytes) halved; the rest as before
 
 
 def test_payloads_are_padded_to_powers_of_two():
