@@ -410,3 +410,92 @@ def test_rollout_mesh_splits_the_experts_and_samples_as_one_device(tmp_path):
             diff = float(np.abs(ours - theirs).max())
             print(f"turn {t} {field}: rollout mesh vs one device, max diff {diff:.1e}")
             assert diff <= TOL_MESH, (t, field, diff)
+
+
+def _local_copy_of_a_loaded_moe(tmp_path, learner_shape, seed):
+    """A tiny Qwen3-MoE (8 experts, 4 query and 2 kv heads) loaded on a learner mesh of the 8
+    fake devices, its parameters, and ``multihost.local_mesh`` with the copy on it
+    (``multihost.local_copy`` in f32, as the trainer makes it each iteration)."""
+    from agentrl_jax.run import multihost
+
+    ckpt = random_transformers_checkpoint(
+        tmp_path / "moe", _qwen3_moe("sparse"), seed=seed, std=0.3
+    )
+    policy = hc.load_hf_model(ckpt, mesh=sharding.make_mesh(learner_shape))
+    params = nnx.state(policy, nnx.Param)
+    local = multihost.local_mesh(policy.cfg)
+    return ckpt, policy, params, local, multihost.local_copy(params, local)
+
+
+@pytest.mark.parametrize("learner_shape", [(2, 4, 1), (1, 2, 1, 4)])
+def test_multihost_local_copy_splits_the_experts_over_the_local_expert_axis(
+    tmp_path, learner_shape
+):
+    """One host's sampler mesh for a tiny Qwen3-MoE on 8 fake devices is (1, 1, 2, 4): tp = 2
+    (2 kv heads), the other 4 devices on ``expert``. ``multihost.local_copy`` of the policy,
+    from a learner mesh without an expert axis or with another split of the experts, lays the
+    routed experts out over the local ``expert`` axis (2 of the 8 a device, each expert once on
+    the host) and every device's shard equals the source's block bit for bit."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py's XLA_FLAGS)")
+    _, _, params, local, copy = _local_copy_of_a_loaded_moe(tmp_path, learner_shape, seed=5)
+    assert dict(local.shape) == dict(data=1, fsdp=1, tp=2, expert=4)
+    for got, want in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
+        assert got.sharding.mesh == local and got.dtype == want.dtype
+        whole = np.asarray(want)
+        for shard in got.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), whole[shard.index])
+    mlp = copy["trunk"]["layers"][0]["mlp"]
+    for name in ("gate_weight_edf", "up_weight_edf", "down_weight_efd"):
+        x = mlp[name][...]
+        assert x.sharding.spec[0] == "expert", (name, x.sharding.spec)
+        assert x.sharding.shard_shape(x.shape)[0] == 8 // 4, name
+        # The 4 expert blocks, each on the 2 devices of its tp group: every expert once.
+        blocks = {d: idx[0] for d, idx in x.sharding.devices_indices_map(x.shape).items()}
+        starts = sorted(b.start for b in blocks.values())
+        assert starts == [0, 0, 2, 2, 4, 4, 6, 6], (name, starts)
+
+
+@pytest.mark.slow  # two sampled turns compiled on one device and on 8 (~1 min on 2 cores)
+def test_multihost_sampler_on_the_expert_split_copy_samples_as_one_device(tmp_path):
+    """A sampler on one host's (1, 1, 2, 4) mesh with its copy of a tiny Qwen3-MoE synced as a
+    multi-host trainer syncs it (``build.sync_sampler`` with the local mesh: ``local_copy``,
+    experts over ``expert``), from a learner on (1, 2, 1, 4): two sampled turns give one
+    device's tokens, their log-probs within f32's 1e-5."""
+    from agentrl_jax.run import build
+    from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py's XLA_FLAGS)")
+    ckpt, policy, params, local, _ = _local_copy_of_a_loaded_moe(tmp_path, (1, 2, 1, 4), seed=11)
+    stop = StopConfig(eos_ids=(0,))
+    sampling = SamplingParams(temperature=1.0)
+    host = Sampler(policy, sampling=sampling, stop=stop, mesh=local)
+    build.sync_sampler(host, params, policy.cfg.dtype, local)
+    assert host._owned
+    gate = host.state["trunk"]["layers"][0]["mlp"]["gate_weight_edf"][...]
+    assert gate.sharding.mesh == local and gate.sharding.spec[0] == "expert"
+    single = Sampler(hc.load_hf_model(ckpt), sampling=sampling, stop=stop)
+    rng = np.random.default_rng(0)
+    vocab = policy.cfg.vocab_size
+    turns = [
+        [rng.integers(1, vocab, n).tolist() for n in lengths]
+        for lengths in ([9, 4, 12, 6], [3, 5, 1, 7])
+    ]
+    outs = []
+    for sampler in (single, host):
+        cache, turn_outs = sampler.start(4, 64), []
+        for t, new in enumerate(turns):
+            out = sampler.step_turn(cache, new, 8, jax.random.split(jax.random.key(t), 4))
+            cache = out.cache
+            turn_outs.append(out)
+        outs.append(turn_outs)
+    assert {d for d in outs[1][-1].tokens.devices()} <= set(local.devices.flat)
+    for t, (want, got) in enumerate(zip(*outs)):
+        assert got.token_lists() == want.token_lists(), t
+        assert sum(map(len, want.token_lists())) > 4 * 2, t  # not all stopped at once
+        for field in ("logprobs", "policy_logprobs"):
+            ours, theirs = (np.asarray(getattr(out, field)) for out in (got, want))
+            diff = float(np.abs(ours - theirs).max())
+            print(f"turn {t} {field}: local expert mesh vs one device, max diff {diff:.1e}")
+            assert diff <= TOL_MESH, (t, field, diff)
