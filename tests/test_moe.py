@@ -456,12 +456,12 @@ def test_multihost_local_copy_splits_the_experts_over_the_local_expert_axis(
         assert starts == [0, 0, 2, 2, 4, 4, 6, 6], (name, starts)
 
 
-@pytest.mark.slow  # two sampled turns compiled on one device and on 8 (~1 min on 2 cores)
 def test_multihost_sampler_on_the_expert_split_copy_samples_as_one_device(tmp_path):
     """A sampler on one host's (1, 1, 2, 4) mesh with its copy of a tiny Qwen3-MoE synced as a
     multi-host trainer syncs it (``build.sync_sampler`` with the local mesh: ``local_copy``,
     experts over ``expert``), from a learner on (1, 2, 1, 4): two sampled turns give one
-    device's tokens, their log-probs within f32's 1e-5."""
+    device's tokens, their log-probs within f32's 1e-5 (measured: 1.4e-6 at most; ~25 s on 2
+    shared cores)."""
     from agentrl_jax.run import build
     from agentrl_jax.sampling import Sampler, SamplingParams, StopConfig
 
