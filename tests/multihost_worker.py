@@ -6,6 +6,10 @@ Modes:
   exchange: episode-sized payloads of a new length every "iteration" all-gathered, and the
     policy's local bf16 copy (split over the process's devices) refreshed, as the trainer does;
     prints the XLA compilations of each iteration as ``compiles <it> <n>``.
+  experts: a tiny Qwen3-MoE's parameters, laid out over every process's devices with the
+    experts split over ``expert``, copied to each process's four-axis local mesh
+    (``multihost.local_copy``); prints ``experts <n> a device`` once every device's shard is
+    the whole array's block.
   agree: the trainer's agreement check, passed once, then failed on a process that differs in
     config, code, tasks and tokenizer; prints ``agreed`` then the error (exit status 3).
   play: RL iterations, expert demonstrations and a greedy evaluation through the multi-host
@@ -225,6 +229,34 @@ def exchange() -> None:
         print(f"compiles {it} {counter.count}", flush=True)
 
 
+def experts() -> None:
+    from flax import nnx
+
+    from agentrl_jax.models import CausalLM
+    from agentrl_jax.models.config import ModelConfig
+    from agentrl_jax.models.testing import random_model
+
+    cfg = ModelConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+        num_kv_heads=2, head_dim=8, family="qwen3_moe", attention_bias=False, qk_norm=True,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=16,
+    )  # fmt: skip
+    # The learner's parameters over all processes' devices: experts 4 ways, the width over fsdp.
+    mesh = sharding.make_mesh((1, jax.device_count() // 4, 1, 4))
+    local = multihost.local_mesh(cfg)
+    assert dict(local.shape) == {"data": 1, "fsdp": 1, "tp": 2, "expert": 2}, local
+    params = nnx.state(random_model(CausalLM, cfg, mesh=mesh, std=0.3), nnx.Param)
+    copy = multihost.local_copy(params, local)
+    for got, want in zip(jax.tree.leaves(copy), jax.tree.leaves(params)):
+        assert got.sharding.mesh == local and got.dtype == want.dtype, got.sharding
+        whole = sharding.host_array(want)
+        for shard in got.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), whole[shard.index])
+    gate = copy["trunk"]["layers"][0]["mlp"]["gate_weight_edf"][...]
+    assert gate.sharding.spec[0] == "expert", gate.sharding
+    print(f"experts {gate.sharding.shard_shape(gate.shape)[0]} a device", flush=True)
+
+
 def agree() -> None:
     """Two checks of the trainer's run fingerprint: first identical everywhere, then with process
     1 on another learning rate, another copy of trainer.py, another eval task list and another
@@ -266,7 +298,7 @@ def main() -> None:
     mode, coordinator, count, index = sys.argv[1:5]
     jax.config.update("jax_threefry_partitionable", True)
     jax.distributed.initialize(coordinator, int(count), int(index))
-    {"exchange": exchange, "agree": agree, "play": play}[mode]()
+    {"exchange": exchange, "experts": experts, "agree": agree, "play": play}[mode]()
 
 
 if __name__ == "__main__":

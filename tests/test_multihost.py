@@ -438,6 +438,16 @@ def test_exchanges_compile_once_not_every_iteration(tmp_path):
         assert compiles[1:] == [0] * 5, compiles
 
 
+def test_each_process_copies_the_experts_to_its_own_expert_axis(tmp_path):
+    """Two processes of 4 devices, a tiny Qwen3-MoE's parameters split over all 8 (mesh
+    (1, 2, 1, 4): experts 4 ways, the model width over the processes): each process's copy
+    (``multihost.local_copy``) is on its own (1, 1, 2, 2) local mesh, the 8 experts 4 a
+    device, each device's shard the whole array's block bit for bit."""
+    for code, text in _run_workers("experts", tmp_path, devices=4):
+        assert code == 0, text[-3000:]
+        assert "experts 4 a device" in text, text[-3000:]
+
+
 def test_processes_that_disagree_stop_naming_what_differs(tmp_path):
     lines = []
     for code, text in _run_workers("agree", tmp_path):
