@@ -215,11 +215,18 @@ def test_frozenlake_recipe_and_study_resolve():
         config = from_config_dict(load_config_file(LAKE_CONFIG + arg))
         assert config.rollout.constrain_actions and dict(config.env.kwargs)["admissible_commands"]
     study = study_spec.load_study(LAKE_STUDY)
-    assert study.seeds == (0, 1, 2) and set(study.variants) == {"sft_rl", "sft_only"}
-    for variant, demos in (("sft_rl", 40), ("sft_only", 168)):
+    assert study.seeds == (0, 1, 2) and set(study.variants) == {"sft_rl", "sft_only", "rl_only"}
+    for variant, demos, reward in (
+        ("sft_rl", 40, "sparse"),
+        ("sft_only", 168, "sparse"),
+        ("rl_only", 0, "game"),
+    ):
         config = from_config_dict(study_spec.cell_config(study, variant, 0))
         assert budget_lib.from_config(config.budget).num_demos == demos
+        assert dict(config.env.kwargs)["reward"] == reward
         assert config.env.report_levels == ("FrozenLake-v0@test",)
+    rl_only = from_config_dict(study_spec.cell_config(study, "rl_only", 0))
+    assert budget_lib.from_config(rl_only.budget).rl_iterations(64) == 26
 
 
 # ---------------------------------------------------------------------------- verifiers
