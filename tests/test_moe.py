@@ -388,28 +388,7 @@ def test_rollout_mesh_splits_the_experts_and_samples_as_one_device(tmp_path):
         assert copy.addressable_shards[0].data.shape[0] == 8 // 4, name  # 2 experts a device
         np.testing.assert_array_equal(np.asarray(copy), np.asarray(learner))
     single = Sampler(hc.load_hf_model(ckpt), sampling=sampling, stop=stop)
-    rng = np.random.default_rng(0)
-    turns = [
-        [rng.integers(1, hf_cfg.vocab_size, n).tolist() for n in lengths]
-        for lengths in ([9, 4, 12, 6], [3, 5, 1, 7])
-    ]
-    outs = []
-    for sampler in (single, apart):
-        cache, turn_outs = sampler.start(4, 64), []
-        for t, new in enumerate(turns):
-            out = sampler.step_turn(cache, new, 8, jax.random.split(jax.random.key(t), 4))
-            cache = out.cache
-            turn_outs.append(out)
-        outs.append(turn_outs)
-    assert {d for d in outs[1][-1].tokens.devices()} <= set(rollout.devices.flat)
-    for t, (want, got) in enumerate(zip(*outs)):
-        assert got.token_lists() == want.token_lists(), t
-        assert sum(map(len, want.token_lists())) > 4 * 2, t  # not all stopped at once
-        for field in ("logprobs", "policy_logprobs"):
-            ours, theirs = (np.asarray(getattr(out, field)) for out in (got, want))
-            diff = float(np.abs(ours - theirs).max())
-            print(f"turn {t} {field}: rollout mesh vs one device, max diff {diff:.1e}")
-            assert diff <= TOL_MESH, (t, field, diff)
+    _samples_as_one_device(single, apart, rollout, hf_cfg.vocab_size, "rollout mesh")
 
 
 def _local_copy_of_a_loaded_moe(tmp_path, learner_shape, seed):
@@ -476,26 +455,31 @@ def test_multihost_sampler_on_the_expert_split_copy_samples_as_one_device(tmp_pa
     gate = host.state["trunk"]["layers"][0]["mlp"]["gate_weight_edf"][...]
     assert gate.sharding.mesh == local and gate.sharding.spec[0] == "expert"
     single = Sampler(hc.load_hf_model(ckpt), sampling=sampling, stop=stop)
+    _samples_as_one_device(single, host, local, policy.cfg.vocab_size, "local expert mesh")
+
+
+def _samples_as_one_device(single, sampler, mesh, vocab, label):
+    """Two turns of 4 rows sampled by ``sampler`` (on ``mesh``) give ``single``'s tokens, with
+    log-probs within TOL_MESH."""
     rng = np.random.default_rng(0)
-    vocab = policy.cfg.vocab_size
     turns = [
         [rng.integers(1, vocab, n).tolist() for n in lengths]
         for lengths in ([9, 4, 12, 6], [3, 5, 1, 7])
     ]
     outs = []
-    for sampler in (single, host):
-        cache, turn_outs = sampler.start(4, 64), []
+    for each in (single, sampler):
+        cache, turn_outs = each.start(4, 64), []
         for t, new in enumerate(turns):
-            out = sampler.step_turn(cache, new, 8, jax.random.split(jax.random.key(t), 4))
+            out = each.step_turn(cache, new, 8, jax.random.split(jax.random.key(t), 4))
             cache = out.cache
             turn_outs.append(out)
         outs.append(turn_outs)
-    assert {d for d in outs[1][-1].tokens.devices()} <= set(local.devices.flat)
+    assert {d for d in outs[1][-1].tokens.devices()} <= set(mesh.devices.flat)
     for t, (want, got) in enumerate(zip(*outs)):
         assert got.token_lists() == want.token_lists(), t
         assert sum(map(len, want.token_lists())) > 4 * 2, t  # not all stopped at once
         for field in ("logprobs", "policy_logprobs"):
             ours, theirs = (np.asarray(getattr(out, field)) for out in (got, want))
             diff = float(np.abs(ours - theirs).max())
-            print(f"turn {t} {field}: local expert mesh vs one device, max diff {diff:.1e}")
+            print(f"turn {t} {field}: {label} vs one device, max diff {diff:.1e}")
             assert diff <= TOL_MESH, (t, field, diff)
