@@ -3,14 +3,14 @@ overlapping the other cohort's decoding, and no turn program compiled after a wa
 whatever order the env replies come back in."""
 
 import dataclasses
-import random
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
+from inprocess_pool import InProcessPool
 
-from agentrl_jax.envs.actors import ActorPool, StepResult
+from agentrl_jax.envs.actors import ActorPool
 from agentrl_jax.envs.base import Observation, Task
 from agentrl_jax.models import CausalLM, preset
 from agentrl_jax.models.tokenizer import build_tokenizer
@@ -151,51 +151,6 @@ class RoomEnv:
         return Observation("take the coin", text, feedback=text, admissible_commands=commands)
 
 
-class ReplyOrderPool:
-    """An in-process pool with ActorPool's interfaces (waves' reset/step, continuous batching's
-    submit/poll) whose answers come back in an order set by ``seed``: each op is answered
-    after a number of polls drawn from ``random.Random(seed)`` (None: at once). ``log`` holds
-    the slots of each poll's answers."""
-
-    def __init__(self, capacity, seed=None):
-        self.capacity, self.envs = capacity, [RoomEnv() for _ in range(capacity)]
-        self.rng = None if seed is None else random.Random(seed)
-        self.pending = {}  # slot -> [polls left, answer]
-        self.log = []
-
-    @property
-    def in_flight(self):
-        return len(self.pending)
-
-    def submit(self, kind, items):
-        for slot, item in items.items():
-            env = self.envs[slot]
-            if kind == "reset":
-                answer = StepResult(env.reset(item), info={"state_key": 0})
-            else:
-                obs, reward, done, info = env.step(item)
-                answer = StepResult(obs, reward=reward, done=done, info=info)
-            self.pending[slot] = [0 if self.rng is None else self.rng.randrange(4), answer]
-
-    def poll(self, timeout=None):
-        for entry in self.pending.values():
-            entry[0] -= 1
-        due = {slot for slot, (left, _) in self.pending.items() if left < 0}
-        if not due and timeout is None and self.pending:  # waits for the next answers
-            soonest = min(left for left, _ in self.pending.values())
-            due = {slot for slot, (left, _) in self.pending.items() if left == soonest}
-        self.log.append(sorted(due))
-        return {slot: self.pending.pop(slot)[1] for slot in sorted(due)}
-
-    def reset(self, tasks):
-        self.submit("reset", dict(enumerate(tasks)))
-        return [self.pending.pop(i)[1] for i in range(len(tasks))]
-
-    def step(self, actions):
-        self.submit("step", {i: a for i, a in enumerate(actions) if a is not None})
-        return [self.pending.pop(i)[1] if i in self.pending else None for i in range(len(actions))]
-
-
 def test_continuous_batching_compiles_no_turn_program_after_a_warm_up_play(policy_setup):
     """16 episodes (8 tasks x 2) through two cohorts of 4 rows, the envs answering in three
     different orders: the cohorts' turns run different mixes of rows each time (first prompts
@@ -212,7 +167,8 @@ def test_continuous_batching_compiles_no_turn_program_after_a_warm_up_play(polic
         show_admissible=False,
     )
     tasks = [Task("room", "train", str(k)) for k in range(8)]
-    waves = RolloutWorker(ReplyOrderPool(8), sampler, tok, template, config)
+    pool = InProcessPool(RoomEnv() for _ in range(8))
+    waves = RolloutWorker(pool, sampler, tok, template, config)
     in_waves = waves.run(tasks, jax.random.key(5))
     reference = [_episode(t) for t in in_waves]
     assert sum(len(e[-1]) for e in reference) > 16  # episodes of several turns
@@ -221,7 +177,7 @@ def test_continuous_batching_compiles_no_turn_program_after_a_warm_up_play(polic
     )
     compiled, logs = [], []
     for seed in (0, 1, 2):  # the first play warms up: its compilations are not counted
-        stream.pool = ReplyOrderPool(8, seed=seed)
+        stream.pool = InProcessPool((RoomEnv() for _ in range(8)), seed=seed)
         before = sampler.num_traces
         played = stream.run(tasks, jax.random.key(5))
         compiled.append(sampler.num_traces - before)

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from inprocess_pool import InProcessPool
 
 from agentrl_jax.envs import registry as env_registry
 from agentrl_jax.envs.actors import StepResult
@@ -620,47 +621,6 @@ class CounterEnv:
         return Observation("reach 2", text, feedback=text), float(won), won, info
 
 
-class StreamPool:
-    """An in-process pool with ActorPool's slot interface (submit / poll), for continuous
-    batching: every op is answered at once and collected by the next poll."""
-
-    def __init__(self, capacity):
-        self.capacity, self.envs, self.pending = (
-            capacity,
-            [CounterEnv() for _ in range(capacity)],
-            {},
-        )
-        self.calls = []
-
-    @property
-    def in_flight(self):
-        return len(self.pending)
-
-    def submit(self, kind, items):
-        for slot, item in items.items():
-            env = self.envs[slot]
-            if kind == "reset":
-                self.pending[slot] = StepResult(env.reset(item), info={"state_key": 0})
-            else:
-                self.calls.append(item)
-                obs, reward, done, info = env.step(item)
-                self.pending[slot] = StepResult(obs, reward=reward, done=done, info=info)
-
-    def poll(self, timeout=None):
-        out, self.pending = self.pending, {}
-        return out
-
-    def reset(self, tasks):
-        self.submit("reset", dict(enumerate(tasks)))
-        out = self.poll()
-        return [out[i] for i in range(len(tasks))]
-
-    def step(self, actions):
-        self.submit("step", {i: a for i, a in enumerate(actions) if a is not None})
-        out = self.poll()
-        return [out.get(i) for i in range(len(actions))]
-
-
 class FeedScriptedSampler(ScriptedSampler):
     """Replies by what a row was fed: its first turn a call with a wrong argument type, after an
     error a good call, after a result another good call."""
@@ -697,7 +657,7 @@ def test_malformed_calls_are_answered_in_waves_and_continuous_batching(tokenizer
         calling.render(ToolCall("advance", {"steps": 1})),
     ]
     sampler = FeedScriptedSampler(tok, template.stop_id(tok), replies)
-    pool = StreamPool(capacity=4)
+    pool = InProcessPool([CounterEnv() for _ in range(4)])
     cfg = RolloutConfig(
         group_size=2, max_turns=6, max_new_tokens=64, max_seq_len=4096, batching=batching
     )
