@@ -109,6 +109,8 @@ with open(SNAPSHOT) as _f:
             "rollout.tool_format": "",
             # issue #42: a checkpoint's chat template is held exact unless append-only is asked for.
             "model.template_mode": "exact",
+            # issue #41: no reward on refused commands unless asked for.
+            "rl.invalid_action_reward": 0.0,
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()
@@ -232,6 +234,10 @@ def test_defaults_have_one_source():
             r"truncation, so the PPO ratio would not be against the behaviour policy",
         ),
         (dict(rl=dict(kl_coef=-0.1)), r"^config.rl.kl_coef is -0.1; expected >= 0"),
+        (
+            dict(rl=dict(invalid_action_reward=0.1)),
+            r"^config.rl.invalid_action_reward is 0.1; expected <= 0 \(a penalty",
+        ),
         (
             dict(env=dict(kwargs=dict(admissible_commands=False))),
             r"^config.rollout.constrain_actions=True writes one of the env's admissible "

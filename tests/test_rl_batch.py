@@ -123,3 +123,44 @@ def test_the_update_penalises_rewards_with_the_configured_kl_estimator(kind, mod
     want = _kl_reference(old, ref, seen["mask"], kind)
     assert seen["coef"] == 0.5 and np.abs(want).max() > 1e-3
     np.testing.assert_allclose(seen["kl"], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["episode", "step"])
+def test_refused_actions_are_penalised_as_if_the_env_had_rewarded_them_so(mode):
+    """``invalid_action_reward``: every refused step (``invalid_action`` or a malformed tool
+    call) gets the penalty added to its reward, and the advantages are those of the same
+    episodes with the env's rewards edited by hand. In groups that all lose, GRPO gives every
+    episode advantage 0 without it; with it, the episodes with fewer refusals gain."""
+    trajs = synthetic_episodes(3, 4, vocab=64, max_steps=4, seed=2)
+    rng = np.random.default_rng(3)
+    for t in trajs:
+        t.won = False
+        for s in t.steps:
+            s.reward, s.done = 0.0, False
+            key = "invalid_tool_call" if rng.random() < 0.2 else "invalid_action"
+            s.info[key] = bool(rng.random() < 0.5)
+    config = kernels.AdvantageConfig()
+    penalised = rl_batch.build_rows(trajs, mode, 0, 4, invalid_action_reward=-0.25)
+    plain = rl_batch.build_rows(trajs, mode, 0, 4)
+    adv, _ = rl_batch.advantages(penalised, len(trajs), "grpo", config)
+    zero, _ = rl_batch.advantages(plain, len(trajs), "grpo", config)
+    assert not zero.any()  # every episode lost: no signal without the penalty
+    for t in trajs:
+        for s in t.steps:
+            s.reward = (
+                -0.25 if s.info.get("invalid_action") or s.info.get("invalid_tool_call") else 0.0
+            )
+    edited = rl_batch.build_rows(trajs, mode, 0, 4)
+    np.testing.assert_array_equal(penalised.arrays.rewards, edited.arrays.rewards)
+    want, _ = rl_batch.advantages(edited, len(trajs), "grpo", config)
+    np.testing.assert_array_equal(adv, want)
+    assert (penalised.arrays.rewards < 0).sum() > len(trajs)  # many steps refused
+    # The episode of each group with the fewest refusals gets the largest advantage.
+    refusals = (penalised.arrays.rewards < 0).sum(axis=1)
+    rows = penalised.rows
+    per_episode = np.array(
+        [adv[rows.traj_index == i][rows.loss_mask[rows.traj_index == i] > 0][0] for i in range(12)]
+    )
+    for g in range(3):
+        group = slice(4 * g, 4 * g + 4)
+        assert np.argmax(per_episode[group]) == np.argmin(refusals[group])

@@ -32,3 +32,16 @@ def test_groups_left_with_one_episode_are_counted():
     assert metrics["rollout/infra_failures"] == 5.0
     assert metrics["rollout/episodes"] == 9.0
     assert metrics["rollout/success_rate"] == 0.5
+
+
+def test_refused_commands_are_a_share_of_the_counted_steps():
+    """``rollout/invalid_action_rate``: refused steps over the steps of the episodes the pool did
+    not lose, for envs whose step info says; absent for envs that do not."""
+    trajs = [episode(0), episode(0), episode(1, failed=True)]
+    assert "rollout/invalid_action_rate" not in rollout_metrics(trajs)
+    trajs[0].steps = [
+        Step([1], [2], [-0.1], info={"invalid_action": flag}) for flag in (True, False, True)
+    ]
+    trajs[1].steps[0].info["invalid_action"] = False
+    trajs[2].steps[0].info["invalid_action"] = True  # lost to the pool: not counted
+    assert rollout_metrics(trajs)["rollout/invalid_action_rate"] == 0.5

@@ -53,15 +53,21 @@ class RLRows:
 
 
 def build_rows(
-    trajs: list[Trajectory], mode: str, pad_id: int, row_multiple: int, bootstrap: bool = False
+    trajs: list[Trajectory],
+    mode: str,
+    pad_id: int,
+    row_multiple: int,
+    bootstrap: bool = False,
+    invalid_action_reward: float = 0.0,
 ) -> RLRows:
     """Token rows padded to a length bucket and to a multiple of ``row_multiple`` rows.
 
     ``bootstrap`` (whole-episode mode, for a critic): truncated episodes' rows also hold the
-    state after their last action (see ``trajectory.episode_rows``).
+    state after their last action (see ``trajectory.episode_rows``). ``invalid_action_reward``
+    is added to the reward of each step whose action the env refused (``trajectory.refused``).
     """
     num_steps = max(len(t.steps) for t in trajs)
-    arrays = step_arrays(trajs, num_steps)
+    arrays = step_arrays(trajs, num_steps, invalid_action_reward)
     if mode == "episode":
         longest = max(episode_row_length(t, bootstrap) for t in trajs)
         rows = episode_rows(trajs, length_bucket(longest), pad_id, bootstrap)

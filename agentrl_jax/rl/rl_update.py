@@ -95,6 +95,7 @@ class RLUpdate:
                 self.pad_id,
                 spec.minibatch_size,
                 bootstrap=critic,  # truncated episodes' rows also hold the state after them
+                invalid_action_reward=spec.invalid_action_reward,
             )
             rows = rows_.rows
             loss_mask = rows.loss_mask

@@ -113,6 +113,8 @@ class RLSpec:
       off_policy_correction: "none", "tis" or "mis": the importance weights that correct each
         token's loss for the sampler's log-probs differing from the trained policy's
         (``kernels.importance_weights``); ``is_cap`` is their C.
+      invalid_action_reward: added to the reward of each step whose action the env refused
+        (``trajectory.refused``), before the advantages; 0 for none.
     """
 
     algo: str = "grpo"
@@ -133,6 +135,7 @@ class RLSpec:
     max_grad_norm: float = 1.0
     off_policy_correction: str = "none"
     is_cap: float = 2.0
+    invalid_action_reward: float = 0.0
 
     def __post_init__(self):
         """The KL is set once, in ``kl``: the copies the kernels' configs carry are made from
@@ -205,6 +208,7 @@ class RLSpec:
             max_grad_norm=rl.max_grad_norm,
             off_policy_correction=rl.off_policy_correction,
             is_cap=rl.is_cap,
+            invalid_action_reward=float(rl.invalid_action_reward),
         )
 
     @classmethod

@@ -129,8 +129,17 @@ class StepArrays:
     group_ids: np.ndarray  # [B] int64
 
 
-def step_arrays(trajs: list[Trajectory], num_steps: int) -> StepArrays:
-    """Per-step rewards, masks and state keys, padded to ``num_steps``."""
+def refused(step: Step) -> bool:
+    """Whether the env refused the step's action: a command the game did not take
+    (``invalid_action``) or a malformed tool call the rollout answered itself."""
+    return bool(step.info.get("invalid_action") or step.info.get("invalid_tool_call"))
+
+
+def step_arrays(
+    trajs: list[Trajectory], num_steps: int, invalid_action_reward: float = 0.0
+) -> StepArrays:
+    """Per-step rewards, masks and state keys, padded to ``num_steps``; a refused action's
+    reward gets ``invalid_action_reward`` added (``refused``)."""
     b = len(trajs)
     rewards = np.zeros((b, num_steps), np.float32)
     step_mask = np.zeros((b, num_steps), np.float32)
@@ -139,7 +148,7 @@ def step_arrays(trajs: list[Trajectory], num_steps: int) -> StepArrays:
         n = len(traj.steps)
         if n > num_steps:
             raise ValueError(f"trajectory {i} has {n} steps; the batch holds {num_steps}")
-        rewards[i, :n] = [s.reward for s in traj.steps]
+        rewards[i, :n] = [s.reward + invalid_action_reward * refused(s) for s in traj.steps]
         step_mask[i, :n] = 1.0
         state_keys[i, :n] = [s.state_key for s in traj.steps]
     groups = np.asarray([t.group for t in trajs], np.int64)

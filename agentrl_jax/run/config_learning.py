@@ -110,6 +110,11 @@ class RLSection:
     top_p: float = 1.0
     top_k: int = 0
     task_pool: str = "all"  # or "unseen": only train games no SFT demonstration used
+    # Added to the reward of every step whose action the env refused (``invalid_action`` in its
+    # step info: a command the game did not take, a malformed tool call): <= 0, 0 for none. A
+    # validity signal for free decoding, where a group of episodes that all lose otherwise
+    # gives every episode advantage 0. Success and ``rollout/return`` stay the env's own.
+    invalid_action_reward: float = _SPEC.invalid_action_reward
     # Importance weights on each token's loss for the sampler's log-probs differing from the
     # trained policy's (kernels/off_policy.py): "none", "tis" (truncated at is_cap) or "mis"
     # (tokens whose ratio leaves [1 / is_cap, is_cap] masked).
@@ -138,6 +143,12 @@ class RLSection:
         for name in ("tasks_per_iteration", "epochs", "minibatch_size"):
             checks.integer(f"config.rl.{name}", getattr(self, name), 1)
         checks.integer("config.rl.max_staleness", self.max_staleness, 0)
+        checks.number(
+            "config.rl.invalid_action_reward",
+            self.invalid_action_reward,
+            lambda v: v <= 0,
+            "<= 0 (a penalty on the steps whose action the env refused; 0 for none)",
+        )
         checks.microbatch("rl", self.microbatch_size, "minibatch_size", self.minibatch_size)
         for name in ("kl_coef", "entropy_coef", "value_coef"):
             checks.non_negative(f"config.rl.{name}", getattr(self, name))

@@ -63,6 +63,8 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     estimator (GRPO, RLOO, GiGPO, GAGPO) gives such an episode advantage 0, so it trains nothing.
     Under tool calling, ``rollout/invalid_tool_call_rate`` is the share of the counted episodes'
     calls that were malformed (answered with an error tool turn; absent without tool calling).
+    ``rollout/invalid_action_rate`` is the share of their steps whose command the env refused
+    (``invalid_action`` in the step info; absent for envs that do not say).
     """
     counted = [t for t in trajs if not t.infra_failure]
     good = [t for t in counted if t.steps]
@@ -91,6 +93,11 @@ def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     ]
     if calls:
         out["rollout/invalid_tool_call_rate"] = float(np.mean(calls))
+    refused = [
+        s.info["invalid_action"] for t in counted for s in t.steps if "invalid_action" in s.info
+    ]
+    if refused:
+        out["rollout/invalid_action_rate"] = float(np.mean(refused))
     return out
 
 
