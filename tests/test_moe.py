@@ -14,13 +14,22 @@ from jax.sharding import PartitionSpec as P
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_families import _padded_batch, _qwen3_moe  # noqa: E402
+from test_families import (  # noqa: E402
+    CACHE_TOL,
+    _fmt,
+    _forward,
+    _padded_batch,
+    _qwen3_moe,
+    _row_diffs,
+    cached_decoding_vs_teacher_forcing,
+)
 
 from agentrl_jax import sharding  # noqa: E402
 from agentrl_jax.models import hf_checkpoint as hc  # noqa: E402
 from agentrl_jax.models import moe  # noqa: E402
 from agentrl_jax.models.config import LoraConfig, ModelConfig  # noqa: E402
 from agentrl_jax.models.testing import (  # noqa: E402
+    hf_logits,
     positions_from_mask,
     random_transformers_checkpoint,
 )
@@ -28,6 +37,9 @@ from agentrl_jax.models.testing import (  # noqa: E402
 TOL = 1e-4  # logits and router logits against transformers / one device (as the family rows)
 LOSS_TOL = 1e-6  # the load-balancing loss on the same router logits
 TOL_MESH = 1e-5  # a sharded run against one device, f32 (tests/test_sharding.py's TOL)
+# The grouped experts (``moe_impl="grouped"``) against the dense ones, f32: the same sums, rounded
+# in another order (as TOL_MESH).
+GROUPED_TOL = 1e-5
 from transformers.models.qwen3_moe.modeling_qwen3_moe import (  # noqa: E402
     load_balancing_loss_func,
 )
@@ -104,22 +116,24 @@ def test_router_load_balance_and_aux_loss_match_transformers(ckpt):
 MESHES = [(1, 2, 1, 4), (1, 1, 1, 8), (2, 2, 2)]
 
 
+@pytest.mark.parametrize("impl", ["dense", "grouped"])
 @pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
-def test_expert_axis_sharded_logits_equal_one_device(tmp_path, scan):
+def test_expert_axis_sharded_logits_equal_one_device(tmp_path, scan, impl):
     """On 8 fake CPU devices, meshes with an ``expert`` axis (and one without): the experts'
     weights are split over it (logical axis ``expert``), each device reading its own experts
-    from the checkpoint, and logits equal one device's within 1e-5."""
+    from the checkpoint, and logits equal one device's within 1e-5, with the dense experts and
+    with the grouped ones (``shard_map``: each device its own rows and experts)."""
     if len(jax.devices()) < 8:
         pytest.skip("needs 8 devices (tests/conftest.py's XLA_FLAGS)")
     ckpt = random_transformers_checkpoint(tmp_path / "moe", _qwen3_moe("sparse"), seed=3, std=0.3)
     tokens, mask = _padded_batch()
     tokens, mask = np.concatenate([tokens] * 4)[:8], np.concatenate([mask] * 4)[:8]
-    single = hc.load_hf_model(ckpt, scan_layers=scan)
+    single = hc.load_hf_model(ckpt, scan_layers=scan, moe_impl=impl)
     forward = jax.jit(lambda m, t, k: m(t, mask_bt=k)[0])
     expected = np.asarray(forward(single, tokens, mask))
     for shape in MESHES:
         mesh = sharding.make_mesh(shape)
-        model = hc.load_hf_model(ckpt, mesh=mesh, scan_layers=scan)
+        model = hc.load_hf_model(ckpt, mesh=mesh, scan_layers=scan, moe_impl=impl)
         moe = model.trunk.layers.mlp if scan else model.trunk.layers[0].mlp
         spec = moe.gate_weight_edf[...].sharding.spec
         lead = (None,) if scan else ()
@@ -135,11 +149,128 @@ def test_expert_axis_sharded_logits_equal_one_device(tmp_path, scan):
         with jax.set_mesh(mesh):
             logits = np.asarray(jax.jit(lambda m, t, k: m(t, mask_bt=k)[0])(model, batch, mask))
         diff = float(np.abs(logits - expected).max())
-        print(f"mesh {shape} {'scanned' if scan else 'unrolled'}: max diff {diff:.1e}")
+        print(f"{impl} mesh {shape} {'scanned' if scan else 'unrolled'}: max diff {diff:.1e}")
         assert diff <= 1e-5, (shape, diff)
         # Loaded weights are the single-device model's, bit for bit.
         for a, b in zip(jax.tree.leaves(nnx.state(single)), jax.tree.leaves(nnx.state(model))):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.mark.parametrize("scan", [False, True], ids=["unrolled", "scanned"])
+def test_grouped_experts_match_transformers_and_the_dense_ones(ckpt, scan):
+    """``moe_impl="grouped"`` (a grouped matmul over the tokens sorted by expert): f32 logits
+    within 1e-4 of transformers' on the real tokens of rows with no, left and right padding,
+    within 1e-5 of the dense experts' (``moe_impl="dense"``, the default), and finite on the
+    padding too."""
+    cfg = hc.load_config(ckpt)
+    if scan and len(set(cfg.sparse_layers)) > 1:
+        pytest.skip("sparse and dense layers mixed: scanning needs every layer alike")
+    tokens, mask = _padded_batch()
+    grouped = hc.load_hf_model(ckpt, scan_layers=scan, moe_impl="grouped")
+    dense = hc.load_hf_model(ckpt, scan_layers=scan)
+    assert (grouped.cfg.moe_impl, dense.cfg.moe_impl) == ("grouped", "dense")
+    ours = np.asarray(_forward(grouped, tokens, mask))
+    assert np.isfinite(ours).all()
+    reference = hf_logits(ckpt, tokens, mask)
+    assert np.abs(reference).max() > 1.0
+    label = f"{_variant(cfg)} {'scanned' if scan else 'unrolled'}"
+    theirs = _row_diffs(ours, reference, mask)
+    print(f"grouped vs transformers, {label}: {_fmt(theirs)}")
+    assert max(theirs.values()) <= TOL, theirs
+    vs_dense = _row_diffs(ours, _forward(dense, tokens, mask), mask)
+    print(f"grouped vs dense, {label}: {_fmt(vs_dense)}")
+    assert max(vs_dense.values()) <= GROUPED_TOL, vs_dense
+
+
+def _variant(cfg) -> str:
+    """The ``ckpt`` fixture's variant, from its config."""
+    return "mixed" if len(set(cfg.sparse_layers)) > 1 else "sparse"
+
+
+def test_grouped_experts_cached_decoding_equals_teacher_forcing(ckpt):
+    """The grouped experts through the sampler's KV cache (two turns; prefill chunks and
+    one-token decode steps route a few tokens at a time): every drawn token's log-prob equals
+    teacher forcing's within 1e-5 (tests/test_families.py's bar)."""
+    model = hc.load_hf_model(ckpt, moe_impl="grouped")
+    worst = cached_decoding_vs_teacher_forcing(model)
+    print(f"grouped {_variant(model.cfg)}: sampler vs teacher forcing, log-prob diff {worst:.1e}")
+    assert worst <= CACHE_TOL
+
+
+def test_grouped_experts_sft_step_equals_dense():
+    """One SFT step (SGD at learning rate 1, so a weight moves by its gradient; two
+    microbatches; the router's auxiliary loss on) from the same weights: the grouped experts
+    give the dense ones' loss and metrics within 1e-6 and their parameters (every gradient,
+    the experts' and router's included) within 1e-6."""
+    import optax
+
+    from agentrl_jax.models.decoder import CausalLM
+    from agentrl_jax.models.testing import random_model
+    from agentrl_jax.rl.learner import Learner
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, (4, 10)).astype(np.int32)
+    mask = np.ones((4, 10), np.float32)
+    mask[1, -4:] = 0
+    mask[2, :3] = 0
+    loss_mask = mask * (np.arange(10) >= 3)
+    batch = {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
+    batch["step_ids"] = np.where(loss_mask > 0, 0, -1).astype(np.int32)
+    results = {}
+    for impl in ("dense", "grouped"):
+        cfg = _moe_cfg(router_aux_loss=True, router_aux_loss_coef=0.5, moe_impl=impl)
+        model = random_model(CausalLM, cfg, seed=1, std=0.3)
+        learner = Learner(model, None, optax.sgd(1.0), microbatch_size=2)
+        state, metrics = learner.sft_step(learner.init(model), learner.place_batch(batch))
+        start = jax.tree.leaves(nnx.state(model, nnx.Param))
+        results[impl] = (jax.tree.leaves(state.policy), metrics, start)
+    (dense, dense_metrics, start), (grouped, grouped_metrics, _) = results.values()
+    assert dense_metrics.keys() == grouped_metrics.keys()
+    worst = max(abs(float(dense_metrics[k]) - float(grouped_metrics[k])) for k in dense_metrics)
+    params = max(float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(dense, grouped))
+    moved = min(float(np.abs(np.asarray(a) - b).max()) for a, b in zip(dense, start))
+    print(f"grouped vs dense SFT step: loss {float(dense_metrics['losses/total']):.6f}, "
+          f"metrics {worst:.1e}, parameters {params:.1e} (each moved >= {moved:.1e})")  # fmt: skip
+    assert moved > 1e-4  # every parameter, each expert's included, had a gradient
+    assert worst <= 1e-6
+    assert params <= 1e-6
+
+
+def test_grouped_experts_on_an_expert_mesh_do_expert_local_work():
+    """A MoE layer with grouped experts traced under ``jax.set_mesh`` on 8 fake devices: each
+    device routes its own rows through its own experts (``shard_map``), so its compiled
+    program does about 1 / 8 of one device's FLOPs (at most 1 / 4 here, routing and psum
+    included), with outputs and gradients equal to one device's within 1e-5."""
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (tests/conftest.py's XLA_FLAGS)")
+    cfg = _moe_cfg(num_experts=8, moe_impl="grouped")
+    x = jax.random.normal(jax.random.key(1), (8, 6, cfg.hidden_size))
+
+    def loss(layer, x):
+        return jnp.sum(layer(x) ** 2)
+
+    def run(mesh):
+        layer = sharding.create_sharded_model(lambda: moe.MoE(cfg, rngs=nnx.Rngs(0)), mesh)
+        if mesh is None:
+            flops = jax.jit(loss).lower(layer, x).compile().cost_analysis()["flops"]
+            return layer(x), nnx.grad(loss)(layer, x), flops
+        xs = jax.device_put(x, sharding.named_sharding(mesh, ("batch", "seq", None), x.shape))
+        with jax.set_mesh(mesh):
+            flops = jax.jit(loss).lower(layer, xs).compile().cost_analysis()["flops"]
+            return jax.jit(lambda m, x: m(x))(layer, xs), jax.jit(nnx.grad(loss))(layer, xs), flops
+
+    out, grads, flops = run(None)
+    for shape in [(1, 1, 1, 8), (1, 2, 1, 4), (2, 1, 2, 2)]:
+        got, got_grads, got_flops = run(sharding.make_mesh(shape))
+        diff = float(np.abs(np.asarray(got) - np.asarray(out)).max())
+        gdiff = max(
+            float(np.abs(np.asarray(a) - np.asarray(b)).max())
+            for a, b in zip(jax.tree.leaves(grads), jax.tree.leaves(got_grads))
+        )
+        print(f"mesh {shape}: outputs {diff:.1e}, gradients {gdiff:.1e}, "
+              f"FLOPs a device {got_flops / flops:.3f} of one device's")  # fmt: skip
+        assert diff <= TOL_MESH and gdiff <= TOL_MESH
+        assert got_flops <= flops / 4
 
 
 def test_config_refusals():
@@ -163,6 +294,8 @@ def test_config_refusals():
         ModelConfig(**base, router_aux_loss_coef=-1.0)
     with pytest.raises(ValueError, match="moe_intermediate_size must be a positive int"):
         ModelConfig(**{**base, "moe_intermediate_size": 0})
+    with pytest.raises(ValueError, match=r"moe_impl='ragged'; expected one of \['dense', 'gr"):
+        ModelConfig(**base, moe_impl="ragged")
     with pytest.raises(ValueError, match=r"\['gate', 'up', 'down'\] are not supported"):
         ModelConfig(**base, lora=LoraConfig(rank=2, targets="all"))
     assert ModelConfig(**base, lora=LoraConfig(rank=2, targets="q,v")).lora.targets == ("q", "v")

@@ -18,6 +18,10 @@ LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")
 HIDDEN_ACTS = ("silu", "gelu_tanh")
 # A layer's attention (``ModelConfig.layer_types``), in Hugging Face's names.
 LAYER_TYPES = ("full_attention", "sliding_attention")
+# How a sparse layer computes its routed experts (``ModelConfig.moe_impl``; see ``models/moe.py``):
+# every expert on every token, combined by the routing weights, or a grouped matmul over the
+# tokens sorted by expert (``jax.lax.ragged_dot``).
+MOE_IMPLS = ("dense", "grouped")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -162,7 +166,11 @@ class ModelConfig:
     ``intermediate_size``. ``router_aux_loss``: add the load-balancing loss (Switch
     Transformer's, as transformers' ``load_balancing_loss_func``) times
     ``router_aux_loss_coef`` to the training loss (transformers' ``output_router_logits``);
-    off by default.
+    off by default. ``moe_impl``: how the experts are computed (``MOE_IMPLS``, ``moe.MoE``):
+    ``"dense"`` (the default) runs every expert on every token; ``"grouped"`` runs each token
+    through its k experts only, as a grouped matmul (``jax.lax.ragged_dot``), which saves the
+    FLOPs only where the backend has a grouped kernel (TPU): CPU and XLA's default GPU lowering
+    expand it into a dense dot over every expert, k times the dense way's FLOPs.
     """
 
     vocab_size: int
@@ -202,6 +210,7 @@ class ModelConfig:
     mlp_only_layers: tuple[int, ...] = ()
     router_aux_loss: bool = False
     router_aux_loss_coef: float = 0.001
+    moe_impl: str = "dense"
 
     def __post_init__(self):
         if self.lora is not None and not isinstance(self.lora, LoraConfig):
@@ -271,6 +280,10 @@ class ModelConfig:
     def _check_experts(self):
         """The routed-expert fields (``num_experts`` > 0) are consistent."""
         object.__setattr__(self, "mlp_only_layers", tuple(self.mlp_only_layers))
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(
+                f"ModelConfig.moe_impl={self.moe_impl!r}; expected one of {list(MOE_IMPLS)}"
+            )
         coef = self.router_aux_loss_coef
         if isinstance(coef, bool) or not isinstance(coef, int | float) or coef < 0:
             raise ValueError(

@@ -7,10 +7,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from agentrl_jax.models.config import ModelConfig
 from agentrl_jax.models.params import dense_init, param
-from agentrl_jax.sharding import constrain
+from agentrl_jax.sharding import constrain, logical_to_spec
 
 
 def route(router_logits_bte: jax.Array, top_k: int, norm_topk_prob: bool):
@@ -57,6 +58,98 @@ def load_balancing_loss(router_logits_lbte: jax.Array, mask_bt: jax.Array | None
     return e * jnp.sum(f * p)
 
 
+def grouped_experts(x_nd, weights_nk, experts_nk, gate_edf, up_edf, down_efd, first_expert=0):
+    """[N, D]: each token's k experts' outputs, scaled by its routing weights and summed, as a
+    grouped matmul: the N * k (token, expert) pairs sorted by expert, then ``jax.lax.ragged_dot``
+    (rows of group j against expert j's weights) for gate / up and for down, unsorted.
+
+    The weights hold experts ``first_expert ..`` ``first_expert + E' - 1`` (E' their leading
+    size: all of them, or one device's share under ``shard_map``); a pair whose expert is not
+    among them adds 0 (sorted after every group, past the rows ``ragged_dot`` computes).
+    Rounded as transformers' ``Qwen3MoeExperts``: each expert's output (down_proj's) is scaled
+    by the routing weight in the compute dtype, and a token's k outputs are added one by one in
+    ascending expert order.
+
+    Args:
+      x_nd: [N, D] tokens, in the compute dtype (as are the expert weights).
+      weights_nk: [N, k] routing weights (``route``'s, in the compute dtype).
+      experts_nk: [N, k] int expert ids, distinct within a row.
+      gate_edf, up_edf: [E', D, F]; down_efd: [E', F, D].
+      first_expert: the id of the weights' expert 0 (an int or a traced int scalar).
+    """
+    n, k = experts_nk.shape
+    e = gate_edf.shape[0]
+    # Each token's picks in ascending expert order: the order transformers adds them in.
+    by_id = jnp.argsort(experts_nk, axis=-1)
+    experts_nk = jnp.take_along_axis(experts_nk, by_id, axis=-1)
+    weights_nk = jnp.take_along_axis(weights_nk, by_id, axis=-1)
+    local_nk = experts_nk - first_expert
+    mine_nk = (local_nk >= 0) & (local_nk < e)
+    group_m = jnp.where(mine_nk, local_nk, e).reshape(n * k)  # group e: not these weights'
+    order_m = jnp.argsort(group_m, stable=True)
+    sizes_e = jnp.bincount(group_m, length=e + 1)[:e].astype(jnp.int32)
+    x_md = jnp.take(x_nd, order_m // k, axis=0)
+    gate_mf = jax.lax.ragged_dot(x_md, gate_edf, sizes_e)
+    up_mf = jax.lax.ragged_dot(x_md, up_edf, sizes_e)
+    out_md = jax.lax.ragged_dot(jax.nn.silu(gate_mf) * up_mf, down_efd, sizes_e)
+    # Back to (token, pick) order. The rows past the groups (pairs of other experts) are zero
+    # on CPU and GPU but left unwritten by TPU's grouped kernel: masked, not trusted.
+    out_nkd = jnp.zeros_like(out_md).at[order_m].set(out_md, unique_indices=True)
+    out_nkd = out_nkd.reshape(n, k, -1) * weights_nk[..., None]
+    out_nkd = jnp.where(mine_nk[..., None], out_nkd, 0)
+    out_nd = out_nkd[:, 0]
+    for j in range(1, k):
+        out_nd = out_nd + out_nkd[:, j]
+    return out_nd
+
+
+def _sharded_grouped_experts(mesh, x_btd, weights_btk, experts_btk, gate, up, down):
+    """``grouped_experts`` under ``shard_map`` over every axis of ``mesh``: each device routes
+    its own rows of the batch (split over ``batch``'s mesh axes, as the activations are) through
+    its own experts (split over ``expert``) and its slice of the expert width (over ``tp``), and
+    the partial outputs are summed over those two axes (a psum). The weights' model width is
+    gathered on entry (over ``fsdp``, as the dense way's einsums gather it)."""
+    b, t, d = x_btd.shape
+    k = experts_btk.shape[-1]
+    act = logical_to_spec(("batch", "seq", "act_embed"), x_btd.shape, mesh)
+    picks = P(act[0], None, None)
+    in_spec = logical_to_spec(("expert", "embed", "mlp"), gate.shape, mesh)
+    expert_axes, width_axes = in_spec[0], in_spec[2]
+    gate_spec = P(expert_axes, None, width_axes)
+    down_spec = P(expert_axes, width_axes, None)
+
+    def local(x_btd, weights_btk, experts_btk, gate, up, down):
+        first = 0 if expert_axes is None else jax.lax.axis_index(expert_axes) * gate.shape[0]
+        bl = x_btd.shape[0]
+        out_nd = grouped_experts(
+            x_btd.reshape(bl * t, d),
+            weights_btk.reshape(bl * t, k),
+            experts_btk.reshape(bl * t, k),
+            gate,
+            up,
+            down,
+            first,
+        )
+        summed = tuple(a for axes in (expert_axes, width_axes) for a in _axis_names(axes))
+        if summed:
+            out_nd = jax.lax.psum(out_nd, summed)
+        return out_nd.reshape(bl, t, d)
+
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(act, picks, picks, gate_spec, gate_spec, down_spec),
+        out_specs=act,
+    )(x_btd, weights_btk, experts_btk, gate, up, down)
+
+
+def _axis_names(axes) -> tuple[str, ...]:
+    """A PartitionSpec entry's mesh axes as a tuple (None: none)."""
+    if axes is None:
+        return ()
+    return (axes,) if isinstance(axes, str) else tuple(axes)
+
+
 class MoE(nnx.Module):
     """Routed experts (Qwen3-MoE's sparse MLP): a router [D, E] and E gated MLPs stacked on a
     leading ``expert`` axis (logical axis ``expert``: split over the mesh's ``expert`` axis where
@@ -93,6 +186,8 @@ class MoE(nnx.Module):
         if router_out is not None:
             router_out.append(logits_bte)
         weights_btk, experts_btk = route(logits_bte, cfg.num_experts_per_tok, cfg.norm_topk_prob)
+        if cfg.moe_impl == "grouped":
+            return self._grouped(x_btd, weights_btk.astype(dt), experts_btk)
         # [B, T, E]: a token's weight on each expert, zero off its top k (cast as transformers
         # casts the top-k weights to the logits' dtype). The weight scales the expert's hidden
         # activations before down_proj, where transformers scales its output after: the same
@@ -104,3 +199,26 @@ class MoE(nnx.Module):
         hidden = jax.nn.silu(gate) * up * combine_bte[..., None]
         hidden = constrain(hidden, ("batch", "seq", "act_expert", "act_mlp"))
         return jnp.einsum("btef,efd->btd", hidden, self.down_weight_efd[...].astype(dt))
+
+    def _grouped(self, x_btd, weights_btk, experts_btk):
+        """[B, T, D] through ``grouped_experts``: under a mesh (``jax.set_mesh``), each device
+        on its own rows and experts (``_sharded_grouped_experts``); without one, all tokens
+        at once."""
+        dt = self.cfg.dtype
+        gate = self.gate_weight_edf[...].astype(dt)
+        up = self.up_weight_edf[...].astype(dt)
+        down = self.down_weight_efd[...].astype(dt)
+        mesh = jax.sharding.get_abstract_mesh()
+        if not mesh.empty:
+            return _sharded_grouped_experts(mesh, x_btd, weights_btk, experts_btk, gate, up, down)
+        b, t, d = x_btd.shape
+        k = experts_btk.shape[-1]
+        out_nd = grouped_experts(
+            x_btd.reshape(b * t, d),
+            weights_btk.reshape(b * t, k),
+            experts_btk.reshape(b * t, k),
+            gate,
+            up,
+            down,
+        )
+        return out_nd.reshape(b, t, d)
