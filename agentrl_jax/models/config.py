@@ -168,9 +168,9 @@ class ModelConfig:
     ``router_aux_loss_coef`` to the training loss (transformers' ``output_router_logits``);
     off by default. ``moe_impl``: how the experts are computed (``MOE_IMPLS``, ``moe.MoE``):
     ``"dense"`` (the default) runs every expert on every token; ``"grouped"`` runs each token
-    through its k experts only, as a grouped matmul (``jax.lax.ragged_dot``), which saves the
-    FLOPs only where the backend has a grouped kernel (TPU): CPU and XLA's default GPU lowering
-    expand it into a dense dot over every expert, k times the dense way's FLOPs.
+    through its k experts only, as a grouped matmul (``jax.lax.ragged_dot``), which saves FLOPs
+    only where the backend lowers it to a grouped kernel (TPU): CPU and XLA's default GPU
+    lowering expand it into a dense dot over every expert, k times the dense way's FLOPs.
     """
 
     vocab_size: int
