@@ -390,6 +390,63 @@ def test_router_aux_loss_is_added_to_the_training_loss():
     assert abs(float(step_metrics["moe/router_aux_loss"]) - halves[0]) <= 1e-6
 
 
+@pytest.mark.parametrize("step", ["sft", "rl"])
+def test_router_aux_loss_with_microbatches_steps_by_the_mean_of_their_gradients(step):
+    """With the auxiliary loss on and two microbatches, the loss is the NLL (or RL loss) of the
+    whole batch plus the coefficient times the mean of each microbatch's load-balancing loss
+    (docs/models.md), so its gradient is the mean of the microbatches' gradients when the
+    microbatches hold as many loss tokens and real rows each (here 11 and 2, rows 0 and 1 both
+    padded), not the whole batch's: the load-balancing loss is not a sum over rows. One step
+    (SGD at learning rate 1, so a weight moves by its gradient) gives the parameters and the
+    gradient norm of that reference, each microbatch's gradient taken without microbatches
+    (``jax.grad`` of the Learner's ``sft_loss`` / ``rl_loss``), within f32 rounding (1e-6)."""
+    import optax
+
+    from agentrl_jax.models.decoder import CausalLM
+    from agentrl_jax.models.testing import random_model
+    from agentrl_jax.rl.learner import Learner
+    from agentrl_jax.rl.losses import split_rows
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 64, (4, 10)).astype(np.int32)
+    mask = np.ones((4, 10), np.float32)
+    mask[:2, -3:] = 0  # microbatches (strided) rows 0, 2 and 1, 3: one padded row each
+    loss_mask = mask * (np.arange(10) >= 3)
+    batch = {"tokens": tokens, "mask": mask, "loss_mask": loss_mask}
+    batch["step_ids"] = np.where(loss_mask > 0, 0, -1).astype(np.int32)
+    if step == "rl":  # PPO's clipped ratio on token means: old log-probs off the current ones
+        batch["old_logprobs"] = (0.3 * rng.normal(size=(4, 10)) * loss_mask).astype(np.float32)
+        batch["advantages"] = (rng.normal(size=(4, 10)) * loss_mask).astype(np.float32)
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    cfg = _moe_cfg(router_aux_loss=True, router_aux_loss_coef=0.5)
+    model = random_model(CausalLM, cfg, seed=1, std=0.3)
+    whole = Learner(model, None, optax.sgd(1.0))
+    micro = Learner(model, None, optax.sgd(1.0), microbatch_size=2)
+    start = nnx.state(model, nnx.Param)
+    if step == "sft":
+        loss_fn = lambda p, b: whole.sft_loss(p, b)[0]  # noqa: E731
+    else:
+        loss_fn = lambda p, b: whole.rl_loss((p, None), b)[0]  # noqa: E731
+    halves = [{k: split_rows(v, 2)[i] for k, v in batch.items()} for i in range(2)]
+    assert [float(h["loss_mask"].sum()) for h in halves] == [11.0, 11.0]
+    grads = [jax.jit(jax.grad(loss_fn))(start, h) for h in halves]
+    reference = jax.tree.map(lambda a, b: (a + b) / 2, *grads)
+    expected = jax.tree.map(lambda p, g: p - g, start, reference)
+    run = micro.sft_step if step == "sft" else micro.rl_step
+    state, metrics = run(micro.init(model), batch)
+    params = max(
+        float(np.abs(np.asarray(a) - np.asarray(b)).max())
+        for a, b in zip(jax.tree.leaves(state.policy), jax.tree.leaves(expected))
+    )
+    norm = float(optax.global_norm(reference))
+    got_norm = float(metrics["train/grad_norm"])
+    print(f"{step}, 2 microbatches: parameters {params:.1e} from the mean of the microbatches' "
+          f"gradients; grad norm {got_norm:.6f} vs {norm:.6f}")  # fmt: skip
+    assert norm > 0.1
+    assert params <= 1e-6
+    assert abs(got_norm - norm) <= 1e-6 * norm
+
+
 @pytest.mark.slow  # two SFT steps compiled on one device and on 8 (~1.5 min on 2 cores)
 def test_run_config_expert_mesh_steps_as_one_device(tmp_path):
     """A run whose ``config.mesh`` is (data, fsdp, tp, expert) = (1, 2, 1, 4), built as

@@ -443,11 +443,11 @@ class Learner:
 
     def _router_stats(self, model, batch, out):
         """With the router's auxiliary loss on: adds "router_aux" and "router_load_max" [B],
-        on each row with real tokens ("router_rows" [B]: 1 there, else 0) this (micro)batch's
-        load-balancing loss (``moe.load_balancing_loss``, as
-        transformers' over the real tokens of every sparse layer) and its most loaded expert's
-        share of the routing choices times E (1 is a perfect balance). The router logits come
-        from a pass of their own (``Trunk.router_logits``)."""
+        on each row with real tokens (0 on the others) this (micro)batch's load-balancing loss
+        (``moe.load_balancing_loss``, as transformers' over the real tokens of every sparse
+        layer) and its most loaded expert's share of the routing choices times E (1 is a
+        perfect balance). The router logits come from a pass of their own
+        (``Trunk.router_logits``)."""
         if self.router_aux_coef is None:
             return out
         tokens, mask = batch["tokens"], batch["mask"]
@@ -457,19 +457,22 @@ class Learner:
         load = jax.lax.stop_gradient(jnp.max(moe.load_balance(logits, mask, k)) * e)
         # Rows with real tokens carry the (micro)batch's values; a padding row weighs nothing,
         # so a microbatch of padding rows adds nothing to the mean.
-        has_tokens = (jnp.sum(mask, axis=1) > 0).astype(jnp.float32)
-        out["router_rows"] = has_tokens
+        has_tokens = _rows_with_tokens(mask)
         out["router_aux"] = aux * has_tokens
         out["router_load_max"] = load * has_tokens
         return out
 
-    def _with_router_terms(self, terms, metrics, stats):
+    def _with_router_terms(self, terms, metrics, stats, batch):
         """The auxiliary term: ``router_aux_loss_coef`` times the mean over (micro)batches of
         their load-balancing loss (with microbatches, each microbatch's own, as transformers
-        computes it per forward pass), and its metrics."""
+        computes it per forward pass; weighted by their rows with real tokens), and its metrics.
+
+        The denominator, the rows with real tokens, comes from the batch's mask, as every
+        term's does: ``losses.loss_and_grads`` takes the whole batch's denominators by
+        evaluating the terms on zero stats, so one read from the stats would be 0 there."""
         if "router_aux" not in stats:
             return terms, metrics
-        rows = jnp.sum(stats["router_rows"])
+        rows = jnp.sum(_rows_with_tokens(batch["mask"]))
         aux = kernels.Weighted(jnp.sum(stats["router_aux"]), rows)
         terms = {**terms, "moe/router_aux": (self.router_aux_coef, aux)}
         metrics = {**metrics, "moe/router_aux_loss": aux}
@@ -479,7 +482,7 @@ class Learner:
 
     def sft_terms(self, stats, batch):
         """The SFT loss terms (``losses.sft_terms``) and, when on, the router's."""
-        return self._with_router_terms(*losses.sft_terms(stats, batch), stats)
+        return self._with_router_terms(*losses.sft_terms(stats, batch), stats, batch)
 
     def rl_forward(self, params, batch) -> dict[str, jax.Array]:
         """Per-row stats of the current parameters: all the RL terms need of them.
@@ -510,7 +513,7 @@ class Learner:
     def rl_terms(self, stats, batch):
         """The RL loss terms and metrics of ``stats`` (``losses.rl_terms`` of the spec)."""
         terms = losses.rl_terms(self.spec, self.policy_loss_fn, stats, batch)
-        return self._with_router_terms(*terms, stats)
+        return self._with_router_terms(*terms, stats, batch)
 
     def sft_loss(self, policy_state, batch):
         """The whole batch's SFT loss and metrics, in one piece (no microbatches)."""
@@ -617,6 +620,11 @@ class Learner:
             k: jax.lax.with_sharding_constraint(v, self._row_sharding(v.shape))
             for k, v in batch.items()
         }
+
+
+def _rows_with_tokens(mask_bt: jax.Array) -> jax.Array:
+    """[B] float32: 1 on a row with a real token, else 0."""
+    return (jnp.sum(mask_bt, axis=1) > 0).astype(jnp.float32)
 
 
 def _params(module: nnx.Module | None):
