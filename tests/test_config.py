@@ -111,6 +111,8 @@ with open(SNAPSHOT) as _f:
             "model.template_mode": "exact",
             # issue #41: no reward on refused commands unless asked for.
             "rl.invalid_action_reward": 0.0,
+            # issue #42: routed experts computed densely unless grouped is asked for.
+            "model.moe_impl": "dense",
             **TUNED.get(spec, {}),
         }
         for spec, resolved in json.load(_f).items()
@@ -262,6 +264,10 @@ def test_defaults_have_one_source():
         (dict(env=dict(num_eval_tasks=0)), r"^config.env.num_eval_tasks is 0; expected an int"),
         (dict(env=dict(eval_levels=())), r"^config.env.eval_levels is empty"),
         (dict(model=dict(tokenizer_vocab=100)), r"^config.model.tokenizer_vocab is 100; .* >= 259"),
+        (
+            dict(model=dict(moe_impl="ragged")),
+            r"^config.model.moe_impl is 'ragged'; valid choices: \['dense', 'grouped'\]",
+        ),
         (dict(sft=dict(epochs=0)), r"^config.sft.epochs is 0; expected an int >= 1"),
         (dict(envrl=dict(horizon=-1)), r"^config.envrl.horizon is -1; expected an int >= 0"),
         (dict(eval_every=-1), r"^config.eval_every is -1; expected an int >= 0"),

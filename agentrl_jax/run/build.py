@@ -110,7 +110,12 @@ def model_config(config: RunConfig, vocab_size: int | None = None) -> ModelConfi
     under the overrides.
     """
     cfg = config.model
-    numerics = {"dtype": DTYPES[cfg.dtype], "remat": cfg.remat, "scan_layers": cfg.scan_layers}
+    numerics = {
+        "dtype": DTYPES[cfg.dtype],
+        "remat": cfg.remat,
+        "scan_layers": cfg.scan_layers,
+        "moe_impl": cfg.moe_impl,
+    }
     if cfg.checkpoint:
         from agentrl_jax.models.hf_checkpoint import load_config
 
@@ -612,6 +617,7 @@ def policy(config: RunConfig, vocab_size: int, mesh: Mesh | None = None) -> Caus
             dtype=dtype,
             remat=cfg.remat,
             scan_layers=cfg.scan_layers,
+            moe_impl=cfg.moe_impl,
         )
     model_cfg = model_config(config, vocab_size=vocab_size)
     # One compiled initialiser, each parameter created in its layout on the mesh.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from agentrl_jax.models.config import PRESETS, REMAT_POLICIES
+from agentrl_jax.models.config import MOE_IMPLS, PRESETS, REMAT_POLICIES
 from agentrl_jax.run import config_checks as checks
 from agentrl_jax.run.config_checks import ConfigError
 
@@ -116,6 +116,10 @@ class ModelSection:
     dtype: str = "float32"
     remat: str = "none"  # what each layer keeps for the backward pass: REMAT_POLICIES
     scan_layers: bool = False  # the layers as one scanned stack (ModelConfig.scan_layers)
+    # How routed experts are computed (ModelConfig.moe_impl, MOE_IMPLS): "dense", every expert on
+    # every token, or "grouped", a grouped matmul over the tokens sorted by expert. A model
+    # without routed experts ignores it.
+    moe_impl: str = "dense"
     # The learner runs the LM head over this many positions at a time (and recomputes them in the
     # backward pass), so its logits peak at [B, logits_chunk, V], never [B, T, V].
     logits_chunk: int = 256
@@ -150,6 +154,7 @@ class ModelSection:
                 "'checkpoint' (a checkpoint's own template that rewrites earlier turns)"
             )
         checks.choice("config.model.remat", self.remat, REMAT_POLICIES)
+        checks.choice("config.model.moe_impl", self.moe_impl, MOE_IMPLS)
         if not isinstance(self.scan_layers, bool):
             raise ConfigError(f"config.model.scan_layers is {self.scan_layers!r}; expected a bool")
         checks.integer("config.model.logits_chunk", self.logits_chunk, 1)
