@@ -169,8 +169,10 @@ class ModelConfig:
     off by default. ``moe_impl``: how the experts are computed (``MOE_IMPLS``, ``moe.MoE``):
     ``"dense"`` (the default) runs every expert on every token; ``"grouped"`` runs each token
     through its k experts only, as a grouped matmul (``jax.lax.ragged_dot``), which saves FLOPs
-    only where the backend lowers it to a grouped kernel (TPU): CPU and XLA's default GPU
-    lowering expand it into a dense dot over every expert, k times the dense way's FLOPs.
+    only where the backend lowers it to a grouped kernel: TPU's forward and input gradient
+    (its weight gradient is dense over every expert, more FLOPs than the dense way's training
+    step); CPU and XLA's default GPU lowering expand it into a dense dot over every expert, k
+    times the dense way's FLOPs.
     """
 
     vocab_size: int

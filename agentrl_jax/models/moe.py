@@ -170,8 +170,12 @@ class MoE(nnx.Module):
       ``ragged_dot``: CPU's (jax's fallback) and XLA's default GPU one (``RaggedDotRewriter``)
       expand it into a dense dot over all E groups of the N * k rows, E times the routed FLOPs
       and k times the dense way's (measured on CPU, E=64, k=8, D=512, F=256, 2048 tokens:
-      828 GFLOP and 16.6 s a forward against the dense way's 103 GFLOP and 2.3 s). TPU lowers
-      it to a grouped matmul (not measured here); so, on NVIDIA GPUs, may XLA's cuDNN fusion
+      828 GFLOP and 16.6 s a forward against the dense way's 103 GFLOP and 2.3 s). TPU's
+      compiler (v5e, compiled ahead of time, bf16, same shapes) makes the forward and the input
+      gradient grouped-matmul kernels, at the routed FLOPs (13.1 GFLOP a forward against the
+      dense way's 103.6), but the weight gradients (the ragged rows contracted) dense
+      convolutions over every expert: 853.7 GFLOP forward and backward against 311.9
+      (docs/models.md). On NVIDIA GPUs XLA's cuDNN fusion may lower it grouped
       (``--xla_gpu_experimental_use_ragged_dot_fusion``, cuDNN >= 9.22; not tried).
     """
 
