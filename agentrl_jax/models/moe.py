@@ -59,7 +59,7 @@ def load_balancing_loss(router_logits_lbte: jax.Array, mask_bt: jax.Array | None
 
 
 def grouped_experts(x_nd, weights_nk, experts_nk, gate_edf, up_edf, down_efd, first_expert=0):
-    """[N, D]: each token's k experts' outputs, scaled by its routing weights and summed, as a
+    """[..., D]: each token's k experts' outputs, scaled by its routing weights and summed, as a
     grouped matmul: the N * k (token, expert) pairs sorted by expert, then ``jax.lax.ragged_dot``
     (rows of group j against expert j's weights) for gate / up and for down, unsorted.
 
@@ -71,14 +71,21 @@ def grouped_experts(x_nd, weights_nk, experts_nk, gate_edf, up_edf, down_efd, fi
     ascending expert order.
 
     Args:
-      x_nd: [N, D] tokens, in the compute dtype (as are the expert weights).
-      weights_nk: [N, k] routing weights (``route``'s, in the compute dtype).
-      experts_nk: [N, k] int expert ids, distinct within a row.
+      x_nd: [..., D] tokens (any leading shape, flattened to N), in the compute dtype (as are
+        the expert weights).
+      weights_nk: [..., k] routing weights (``route``'s, in the compute dtype).
+      experts_nk: [..., k] int expert ids, distinct within a row.
       gate_edf, up_edf: [E', D, F]; down_efd: [E', F, D].
       first_expert: the id of the weights' expert 0 (an int or a traced int scalar).
     """
-    n, k = experts_nk.shape
-    e = gate_edf.shape[0]
+    lead, d = x_nd.shape[:-1], x_nd.shape[-1]
+    k, e = experts_nk.shape[-1], gate_edf.shape[0]
+    x_nd, weights_nk, experts_nk = (
+        x_nd.reshape(-1, d),
+        weights_nk.reshape(-1, k),
+        experts_nk.reshape(-1, k),
+    )
+    n = x_nd.shape[0]
     # Each token's picks in ascending expert order: the order transformers adds them in.
     by_id = jnp.argsort(experts_nk, axis=-1)
     experts_nk = jnp.take_along_axis(experts_nk, by_id, axis=-1)
@@ -100,7 +107,7 @@ def grouped_experts(x_nd, weights_nk, experts_nk, gate_edf, up_edf, down_efd, fi
     out_nd = out_nkd[:, 0]
     for j in range(1, k):
         out_nd = out_nd + out_nkd[:, j]
-    return out_nd
+    return out_nd.reshape(*lead, d)
 
 
 def _sharded_grouped_experts(mesh, x_btd, weights_btk, experts_btk, gate, up, down):
@@ -109,8 +116,6 @@ def _sharded_grouped_experts(mesh, x_btd, weights_btk, experts_btk, gate, up, do
     its own experts (split over ``expert``) and its slice of the expert width (over ``tp``), and
     the partial outputs are summed over those two axes (a psum). The weights' model width is
     gathered on entry (over ``fsdp``, as the dense way's einsums gather it)."""
-    _, t, d = x_btd.shape
-    k = experts_btk.shape[-1]
     act = logical_to_spec(("batch", "seq", "act_embed"), x_btd.shape, mesh)
     picks = P(act[0], None, None)
     in_spec = logical_to_spec(("expert", "embed", "mlp"), gate.shape, mesh)
@@ -120,20 +125,9 @@ def _sharded_grouped_experts(mesh, x_btd, weights_btk, experts_btk, gate, up, do
 
     def local(x_btd, weights_btk, experts_btk, gate, up, down):
         first = 0 if expert_axes is None else jax.lax.axis_index(expert_axes) * gate.shape[0]
-        bl = x_btd.shape[0]
-        out_nd = grouped_experts(
-            x_btd.reshape(bl * t, d),
-            weights_btk.reshape(bl * t, k),
-            experts_btk.reshape(bl * t, k),
-            gate,
-            up,
-            down,
-            first,
-        )
+        out_btd = grouped_experts(x_btd, weights_btk, experts_btk, gate, up, down, first)
         summed = tuple(a for axes in (expert_axes, width_axes) for a in _axis_names(axes))
-        if summed:
-            out_nd = jax.lax.psum(out_nd, summed)
-        return out_nd.reshape(bl, t, d)
+        return jax.lax.psum(out_btd, summed) if summed else out_btd
 
     return jax.shard_map(
         local,
@@ -226,14 +220,4 @@ class MoE(nnx.Module):
         mesh = jax.sharding.get_abstract_mesh()
         if not mesh.empty:
             return _sharded_grouped_experts(mesh, x_btd, weights_btk, experts_btk, gate, up, down)
-        b, t, d = x_btd.shape
-        k = experts_btk.shape[-1]
-        out_nd = grouped_experts(
-            x_btd.reshape(b * t, d),
-            weights_btk.reshape(b * t, k),
-            experts_btk.reshape(b * t, k),
-            gate,
-            up,
-            down,
-        )
-        return out_nd.reshape(b, t, d)
+        return grouped_experts(x_btd, weights_btk, experts_btk, gate, up, down)
