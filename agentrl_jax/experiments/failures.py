@@ -50,6 +50,16 @@ tests/test_failures.py). Each lost episode's row also says when it became hopele
 to the cap; 0 for a walkthrough longer than the cap): a ``cap`` episode that became hopeless
 early wasted its first steps, one that became hopeless only at the cap was still on its way.
 
+Outcomes by walkthrough shape, every episode won or lost: a game's ``shape`` is its
+walkthrough's commands' first words joined by " ; " (``take ; eat``, ``go ; take``), and the
+breakdown counts the episodes, wins, losses and success rate per task type and shape (no
+walkthrough: no shape). Where each lost episode left its walkthrough (:class:`Divergence`): the
+first step whose command differs from the walkthrough's at that step, with the verb expected and
+the verb played, counted per shape (after ``take``, expected ``eat``, played ``drop``). This reads
+the walkthrough as a plan from the start: TextWorld's is the expert's plan from the initial state,
+so the first divergence is well defined; the steps after it are not compared (the policy may
+still win by another way, or the expert's plan from the new state differs).
+
 :func:`sft_start` pairs the lost episodes with the same games' outcomes after SFT (the run's
 ``eval/after_sft_*.json``): how many RL's policy lost that SFT's had lost already, and how many
 SFT's had won.
@@ -192,6 +202,59 @@ def episode_records(
     return [EpisodeRecord.of(t, tokenizer, max_turns=max_turns) for t in counted]
 
 
+def command_verb(command: str) -> str:
+    """A command's first word, lower case ("" for an empty command)."""
+    words = command.lower().split()
+    return words[0] if words else ""
+
+
+def walkthrough_shape(walkthrough: Walkthrough | None) -> str:
+    """The walkthrough's commands' first words joined by " ; " (``take ; eat``); "" without a
+    walkthrough or commands."""
+    if walkthrough is None:
+        return ""
+    return " ; ".join(command_verb(c) for c in walkthrough.commands)
+
+
+@dataclasses.dataclass(frozen=True)
+class Divergence:
+    """Where an episode first left its walkthrough.
+
+    Attributes:
+      step: the index of the first command that differs from the walkthrough's command at that
+        step, which is also the number of walkthrough commands played before it (0: the first).
+      expected: the first word of the walkthrough's command at that step.
+      played: the first word of the command played instead.
+    """
+
+    step: int
+    expected: str
+    played: str
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def divergence(commands: Sequence[str], walkthrough: Walkthrough | None) -> Divergence | None:
+    """The first step where ``commands`` differ from the walkthrough's commands (compared lower
+    case, runs of spaces as one); None without a walkthrough, or where each command played is
+    the walkthrough's at its step (as far as both go).
+
+    The walkthrough is read as a plan from the start (TextWorld's: the expert's plan from the
+    initial state); the steps after the first divergence are not compared.
+    """
+    if walkthrough is None:
+        return None
+    for step, (played, expected) in enumerate(zip(commands, walkthrough.commands)):
+        if _normal(played) != _normal(expected):
+            return Divergence(step, command_verb(expected), command_verb(played))
+    return None
+
+
+def _normal(command: str) -> str:
+    return " ".join(command.lower().split())
+
+
 @dataclasses.dataclass(frozen=True)
 class Failure:
     """A lost episode, classified.
@@ -209,6 +272,8 @@ class Failure:
       hopeless_after: commands played when the expert's plan first outgrew the steps left (0:
         from the start; None: never, or not known).
       episode: the record's place among its game's episodes (0: the first), for pairing.
+      shape: the walkthrough's shape (:func:`walkthrough_shape`; "": no walkthrough).
+      divergence: where the episode left the walkthrough (None: it never did, or none known).
     """
 
     record: EpisodeRecord
@@ -222,6 +287,8 @@ class Failure:
     wrong_objects: tuple[str, ...]
     hopeless_after: int | None
     episode: int = 0
+    shape: str = ""
+    divergence: Divergence | None = None
 
     def to_json(self) -> dict[str, Any]:
         r = self.record
@@ -246,6 +313,8 @@ class Failure:
             "commands": list(r.commands),
             "walkthrough": list(self.walkthrough),
             "episode": self.episode,
+            "shape": self.shape or None,
+            "divergence": self.divergence.to_json() if self.divergence else None,
         }
 
 
@@ -326,6 +395,8 @@ def classify(
         wrong_objects=tuple(wrong_objects),
         hopeless_after=hopeless_after,
         episode=episode,
+        shape=walkthrough_shape(walkthrough),
+        divergence=divergence(record.commands, walkthrough),
     )
 
 
@@ -348,19 +419,22 @@ def _hopeless_after(record: EpisodeRecord, walkthrough: Walkthrough | None, cap:
 
 @dataclasses.dataclass(frozen=True)
 class Breakdown:
-    """The lost episodes of an evaluation, classified.
+    """The lost episodes of an evaluation, classified, and every episode's walkthrough shape.
 
     Attributes:
       episodes: counted episodes per task type (won or lost).
       failures: the lost ones, classified, in play order.
       cap: the step cap they were played under.
       protocol: how they were played (``EvalResult.protocol``), when known.
+      shapes: every counted episode (won or lost), in play order: its task type, its
+        walkthrough's shape (:func:`walkthrough_shape`; "": no walkthrough) and whether it won.
     """
 
     episodes: dict[str, int]
     failures: tuple[Failure, ...]
     cap: int
     protocol: str = ""
+    shapes: tuple[tuple[str, str, bool], ...] = ()
 
     @property
     def types(self) -> list[str]:
@@ -391,6 +465,68 @@ class Breakdown:
             out["all"] += 1
         return out
 
+    def shape_outcomes(self) -> dict[str, list[dict[str, Any]]]:
+        """Per task type, one row per walkthrough shape: ``shape``, ``episodes``, ``wins``,
+        ``losses``, ``success_rate``; the most played shape first (ties by name). Episodes
+        without a walkthrough are left out, and a type with none of them has no entry."""
+        counts: dict[str, dict[str, list[int]]] = {}
+        for kind, shape, won in self.shapes:
+            if shape:
+                games = counts.setdefault(kind, {}).setdefault(shape, [0, 0])
+                games[0] += 1
+                games[1] += won
+        return {
+            kind: [
+                {
+                    "shape": shape,
+                    "episodes": n,
+                    "wins": wins,
+                    "losses": n - wins,
+                    "success_rate": wins / n,
+                }
+                for shape, (n, wins) in sorted(per.items(), key=lambda kv: (-kv[1][0], kv[0]))
+            ]
+            for kind, per in sorted(counts.items())
+        }
+
+    def divergences(self) -> dict[str, list[dict[str, Any]]]:
+        """Per task type, the lost episodes counted by shape and by where they left the
+        walkthrough: rows of ``shape``, ``step``, ``after`` (the walkthrough's verbs before the
+        step, joined by " ; "), ``expected``, ``played``, ``lost``; a shape's lost episodes that
+        never left it in one row with ``step``, ``after``, ``expected`` and ``played`` None.
+        Shapes in :meth:`shape_outcomes`' order; in a shape, by step (never last), then the
+        most lost first."""
+        order = {
+            (kind, row["shape"]): i
+            for kind, rows in self.shape_outcomes().items()
+            for i, row in enumerate(rows)
+        }
+        counts: Counter[tuple[str, str, int | None, str, str]] = Counter()
+        for f in self.failures:
+            if f.shape:
+                d = f.divergence
+                key = (d.step, d.expected, d.played) if d else (None, "", "")
+                counts[(f.record.task_type, f.shape, *key)] += 1
+
+        def rank(item):
+            (kind, shape, step, expected, played), n = item
+            return (kind, order[(kind, shape)], step is None, step or 0, -n, expected, played)
+
+        out: dict[str, list[dict[str, Any]]] = {}
+        for (kind, shape, step, expected, played), n in sorted(counts.items(), key=rank):
+            left = step is not None
+            out.setdefault(kind, []).append(
+                {
+                    "shape": shape,
+                    "step": step,
+                    "after": " ; ".join(shape.split(" ; ")[:step]) if left else None,
+                    "expected": expected if left else None,
+                    "played": played if left else None,
+                    "lost": n,
+                }
+            )
+        return out
+
     def to_json(self) -> dict[str, Any]:
         lost = self.lost()
         episodes = {**self.episodes, "all": sum(self.episodes.values())}
@@ -411,12 +547,15 @@ class Breakdown:
                 }
                 for t in [*self.types, "all"]
             },
+            "shapes": self.shape_outcomes(),
+            "divergences": self.divergences(),
             "episodes": [f.to_json() for f in self.failures],
         }
 
     def markdown(self, title: str = "") -> str:
         """The category table (lost episodes and their share, per task type), the flags table,
-        and one row per lost episode."""
+        the outcomes by walkthrough shape and where the lost episodes left it (where there are
+        walkthroughs), and one row per lost episode."""
         types = [*self.types, "all"]
         lost = self.lost()
         episodes = {**self.episodes, "all": sum(self.episodes.values())}
@@ -443,11 +582,12 @@ class Breakdown:
         for flag in FLAGS:
             cells = [f"{flags[t][flag]} ({_pct(_share(flags[t][flag], lost[t]))})" for t in types]
             lines.append(f"| {FLAG_TEXT[flag]} | " + " | ".join(cells) + " |")
+        lines += self._shape_lines()
         lines += [
             "",
             "| game | type | category | steps | walkthrough | plan left | hopeless after "
-            "| commands |",
-            "|---|---|---|---:|---:|---:|---:|---|",
+            "| shape | left the walkthrough | commands |",
+            "|---|---|---|---:|---:|---:|---:|---|---|---|",
         ]
         for f in self.failures:
             r = f.record
@@ -457,11 +597,56 @@ class Breakdown:
             if hopeless is None:
                 hopeless = "never" if any(p is not None for p in r.plan_left) else "n/a"
             commands = "; ".join(c.replace("|", "/") for c in r.commands)
+            d = f.divergence
+            if d is not None:
+                left_at = f"after {d.step}: {_verb(d.expected)} -> {_verb(d.played)}"
+            else:
+                left_at = "never" if f.shape else "n/a"
             lines.append(
                 f"| {r.task.split}:{r.task.id} | {r.task_type} | {f.category} "
-                f"| {len(r.commands)} | {walk} | {left} | {hopeless} | {commands} |"
+                f"| {len(r.commands)} | {walk} | {left} | {hopeless} | {f.shape or 'n/a'} "
+                f"| {left_at} | {commands} |"
             )
         return "\n".join(lines)
+
+    def _shape_lines(self) -> list[str]:
+        """The markdown of :meth:`shape_outcomes` and :meth:`divergences` (none without
+        walkthroughs)."""
+        shapes = self.shape_outcomes()
+        if not shapes:
+            return []
+        lines = [
+            "",
+            "Episodes (won and lost) by walkthrough shape, its commands' first words (docs/"
+            'evaluation.md, "Why episodes are lost"):',
+            "",
+            "| type | shape | episodes | won | lost | success |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for kind, rows in shapes.items():
+            for row in rows:
+                lines.append(
+                    f"| {kind} | {row['shape']} | {row['episodes']} | {row['wins']} "
+                    f"| {row['losses']} | {_pct(row['success_rate'])} |"
+                )
+        lines += [
+            "",
+            "Where the lost episodes left the walkthrough: the first command that differs from "
+            "the walkthrough's at its step, after the walkthrough's commands before it "
+            "(later steps are not compared):",
+            "",
+            "| type | shape | after | expected | played | lost |",
+            "|---|---|---|---|---|---:|",
+        ]
+        for kind, rows in self.divergences().items():
+            for row in rows:
+                if row["step"] is None:
+                    cells = "never left it | - | -"
+                else:
+                    after = row["after"] or "(start)"
+                    cells = f"{after} | {_verb(row['expected'])} | {_verb(row['played'])}"
+                lines.append(f"| {kind} | {row['shape']} | {cells} | {row['lost']} |")
+        return lines
 
 
 def failure_breakdown(
@@ -472,7 +657,8 @@ def failure_breakdown(
     min_repeats: int = 2,
     protocol: str = "",
 ) -> Breakdown:
-    """Classifies the lost episodes of ``records`` (:func:`classify`).
+    """Classifies the lost episodes of ``records`` (:func:`classify`), and gives every episode,
+    won or lost, its walkthrough's shape.
 
     Args:
       records: the counted episodes of an evaluation (won and lost).
@@ -487,18 +673,21 @@ def failure_breakdown(
     seen: Counter[tuple[str, str]] = Counter()
     episodes: Counter[str] = Counter()
     failures = []
+    shapes = []
     for r in records:
         game = (r.task.split, r.task.id)
         episode = seen[game]
         seen[game] += 1
         episodes[r.task_type] += 1
-        if r.won:
-            continue
         key = (r.task.env, *game)
         if key not in known:
             known[key] = find(r.task)
-        failures.append(classify(r, known[key], cap=cap, min_repeats=min_repeats, episode=episode))
-    return Breakdown(dict(episodes), tuple(failures), cap, protocol)
+        shapes.append((r.task_type, walkthrough_shape(known[key]), r.won))
+        if not r.won:
+            failures.append(
+                classify(r, known[key], cap=cap, min_repeats=min_repeats, episode=episode)
+            )
+    return Breakdown(dict(episodes), tuple(failures), cap, protocol, tuple(shapes))
 
 
 def family_walkthrough(task: Task) -> Walkthrough | None:
@@ -609,7 +798,8 @@ def write_failures(
     after_sft: Sequence[EvalResult] = (),
 ) -> tuple[str, str]:
     """The breakdown of every level's lost episodes (each result with its ``episodes``, from
-    ``evaluate(..., keep_episodes=True)``), with the SFT start when ``after_sft`` holds results
+    ``evaluate(..., keep_episodes=True)``), and the outcomes of all of them, won or lost, by
+    walkthrough shape, with the SFT start when ``after_sft`` holds results
     of the same games (those of other games are left out): ``<out_dir>/<name>_failures.json``
     and ``.md``; returns their paths."""
     # Two levels of the same games share one result (evaluate_sets plays it once): count it once.
@@ -658,19 +848,27 @@ def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100.0 * x:.1f}%"
 
 
+def _verb(word: str) -> str:
+    return word.replace("|", "/") or "(empty)"  # an empty command has no first word
+
+
 __all__ = [
     "CATEGORIES",
     "FLAGS",
     "Breakdown",
+    "Divergence",
     "EpisodeRecord",
     "Failure",
     "SftStart",
     "classify",
+    "command_verb",
+    "divergence",
     "episode_records",
     "failure_breakdown",
     "after_sft_results",
     "family_walkthrough",
     "sft_start",
     "step_cap",
+    "walkthrough_shape",
     "write_failures",
 ]
