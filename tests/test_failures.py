@@ -41,10 +41,11 @@ def _record(
     kind="simple",
     history_cut=False,
     final_state=None,
+    env="textworld",
 ):
     n = len(commands)
     return EpisodeRecord(
-        task=Task("textworld", "valid", task_id),
+        task=Task(env, "valid", task_id),
         task_type=kind,
         commands=tuple(commands),
         states=tuple(range(n) if states is None else states),
@@ -204,8 +205,134 @@ def test_breakdown_counts_and_shares_lost_episodes_per_task_type():
     assert "| category | medium | simple | all |" in text
     assert "| loop | 0 (0.0%) | 1 (50.0%) | 1 (33.3%) |" in text
     assert "| **lost** | 1 of 3 | 2 of 3 | 3 of 6 |" in text
-    row = "| valid:simple/1 | simple | wrong_room | 2 | 3 | n/a | n/a | go east; take apple |"
+    row = (
+        "| valid:simple/1 | simple | wrong_room | 2 | 3 | n/a | n/a | go ; take ; unlock "
+        "| after 0: go -> go | go east; take apple |"
+    )
     assert row in text
+
+
+# Games of four walkthrough shapes, and one of a family without walkthroughs.
+SHAPED = {
+    "eat": Walkthrough(("take apple", "eat apple")),
+    "put": Walkthrough(("take apple", "put apple on table")),
+    "key": Walkthrough(("take key", "unlock box with key")),
+    "go": Walkthrough(("go east", "take coin")),
+    "long": Walkthrough(("go east", "take coin", "put coin on table")),
+}
+
+
+def _shaped_breakdown():
+    def game(task_id, commands, ending, kind="simple", env="textworld"):
+        return _record(commands, ending=ending, task_id=task_id, kind=kind, env=env)
+
+    records = [
+        game("eat/0", ["take apple", "drop apple"], "step_cap"),
+        game("eat/1", ["take apple", "drop apple", "take apple"], "step_cap"),
+        game("eat/2", ["take apple", "eat apple"], "won"),
+        game("put/0", ["take apple", "drop apple"], "step_cap"),
+        game("put/1", ["Take  Apple", "eat apple"], "lost"),  # the same command, other spelling
+        game("key/0", ["take key", "unlock box with key"], "won"),
+        game("key/1", ["take key", "unlock box with key"], "won"),
+        game("go/0", ["go west", "go east"], "step_cap"),  # the same verb, another command
+        game("go/1", ["go east"], "context"),  # on the walkthrough when cut
+        game("go/2", ["look", "go east", "take coin"], "won"),  # won off the walkthrough
+        game("long/0", ["go east", "take coin", "insert coin into box"], "step_cap", "medium"),
+        game("none/0", ["look"], "step_cap", env="scripted"),  # no walkthrough: no shape
+        game("none/1", ["look"], "won", env="scripted"),
+    ]
+
+    def walkthrough(task):
+        return SHAPED[task.id.split("/")[0]] if task.env == "textworld" else None
+
+    return failures.failure_breakdown(records, cap=6, walkthrough=walkthrough)
+
+
+def test_shapes_count_every_episode_won_or_lost_per_type_most_played_first():
+    b = _shaped_breakdown()
+    assert failures.walkthrough_shape(SHAPED["long"]) == "go ; take ; put"
+    assert failures.walkthrough_shape(None) == ""
+    assert len(b.shapes) == 13 and b.lost()["all"] == 8  # the categories count the lost only
+
+    def row(shape, episodes, wins):
+        return dict(shape=shape, episodes=episodes, wins=wins, losses=episodes - wins,
+                    success_rate=wins / episodes)  # fmt: skip
+
+    assert b.shape_outcomes() == {
+        "medium": [row("go ; take ; put", 1, 0)],
+        "simple": [  # 3, 3, 2, 2 episodes: ties by name
+            row("go ; take", 3, 1),
+            row("take ; eat", 3, 1),
+            row("take ; put", 2, 0),
+            row("take ; unlock", 2, 2),
+        ],
+    }
+
+
+def test_divergences_count_where_the_lost_episodes_left_the_walkthrough_per_shape():
+    b = _shaped_breakdown()
+    D = failures.Divergence
+    assert [f.divergence for f in b.failures] == [
+        D(1, "eat", "drop"), D(1, "eat", "drop"), D(1, "put", "drop"), D(1, "put", "eat"),
+        D(0, "go", "go"), None, D(2, "put", "insert"), None,
+    ]  # fmt: skip
+    assert [f.shape for f in b.failures][-3:] == ["go ; take", "go ; take ; put", ""]
+
+    def row(shape, step, after, expected, played, lost):
+        return dict(shape=shape, step=step, after=after, expected=expected, played=played,
+                    lost=lost)  # fmt: skip
+
+    assert b.divergences() == {
+        "medium": [row("go ; take ; put", 2, "go ; take", "put", "insert", 1)],
+        "simple": [
+            row("go ; take", 0, "", "go", "go", 1),
+            row("go ; take", None, None, None, None, 1),  # cut while still on it
+            row("take ; eat", 1, "take", "eat", "drop", 2),
+            row("take ; put", 1, "take", "put", "drop", 1),
+            row("take ; put", 1, "take", "put", "eat", 1),
+        ],
+    }
+    # Without a walkthrough there is nothing to leave; the commands as far as the walkthrough.
+    assert failures.divergence(["look"], None) is None
+    assert failures.divergence(["take apple"], SHAPED["eat"]) is None
+    assert failures.divergence([" "], SHAPED["eat"]) == D(0, "take", "")
+
+
+def test_shapes_and_divergences_in_the_json_and_the_markdown():
+    b = _shaped_breakdown()
+    out = b.to_json()
+    json.dumps(out, allow_nan=False)
+    assert out["shapes"] == b.shape_outcomes() and out["divergences"] == b.divergences()
+    rows = {e["task"]: e for e in out["episodes"]}
+    assert rows["eat/0"]["shape"] == "take ; eat"
+    assert rows["eat/0"]["divergence"] == {"step": 1, "expected": "eat", "played": "drop"}
+    assert rows["go/1"]["divergence"] is None and rows["go/1"]["shape"] == "go ; take"
+    assert rows["none/0"]["shape"] is None and rows["none/0"]["divergence"] is None
+    text = b.markdown()
+    for line in [
+        "| type | shape | episodes | won | lost | success |",
+        "| medium | go ; take ; put | 1 | 0 | 1 | 0.0% |",
+        "| simple | go ; take | 3 | 1 | 2 | 33.3% |",
+        "| simple | take ; unlock | 2 | 2 | 0 | 100.0% |",
+        "| type | shape | after | expected | played | lost |",
+        "| medium | go ; take ; put | go ; take | put | insert | 1 |",
+        "| simple | go ; take | (start) | go | go | 1 |",
+        "| simple | go ; take | never left it | - | - | 1 |",
+        "| simple | take ; eat | take | eat | drop | 2 |",
+        "| valid:put/1 | simple | lost | 2 | 2 | n/a | n/a | take ; put | after 1: put -> eat "
+        "| Take  Apple; eat apple |",
+        "| valid:go/1 | simple | context | 1 | 2 | n/a | n/a | go ; take | never | go east |",
+        "| valid:none/0 | simple | cap | 1 | n/a | n/a | n/a | n/a | n/a | look |",
+    ]:
+        assert line in text, line
+    # The shape table comes after the flags, before the rows; none without any walkthrough.
+    assert text.index("| flag |") < text.index("| type | shape |") < text.index("| game |")
+    assert "walkthrough shape" not in _breakdown_without_walkthroughs().markdown()
+
+
+def _breakdown_without_walkthroughs():
+    records = [_record(["look"], ending="won"), CASES["loop"][0]]
+    return failures.failure_breakdown(records, cap=6, walkthrough=lambda task: None)
 
 
 def _result(outcomes):
@@ -309,8 +436,10 @@ def test_write_failures_writes_the_breakdown_and_the_sft_start_of_the_same_games
     # "look" three times from one state: two repeats.
     assert [e["category"] for e in out["episodes"]] == ["loop"]
     assert out["sft_start"]["all"] == {"lost_after_sft": 1, "won_after_sft": 0, "not_evaluated": 0}
+    assert out["shapes"] == {} and out["episodes"][0]["shape"] is None
     text = pathlib.Path(md_path).read_text()
     assert "## SFT start" in text and "2 valid games" in text and "7 test games" not in text
+    assert "walkthrough shape" not in text  # the scripted family has no walkthroughs
     with pytest.raises(ValueError, match="keep_episodes"):
         failures.write_failures(
             {"simple": dataclasses.replace(result, episodes=())}, tok, cap=3, max_turns=3,
@@ -336,6 +465,15 @@ def test_textworld_reports_the_room_and_the_plan_left_along_its_walkthrough(text
             rooms.append(info["room"])
         assert done and info["won"]
         assert tuple(dict.fromkeys(rooms)) == walk.rooms
+        # The walkthrough played, won: its shape is its commands' first words.
+        played = _record(walk.commands, ending="won", task_id=task.id)
+        played = dataclasses.replace(played, task=task)
+        breakdown = failures.failure_breakdown([played], cap=20)  # the family's hook
+        shape = " ; ".join(c.split()[0] for c in walk.commands)
+        assert breakdown.shape_outcomes()["simple"] == [
+            dict(shape=shape, episodes=1, wins=1, losses=0, success_rate=1.0)
+        ]
+        assert failures.divergence(played.commands, walk) is None
     env.close()
 
 
@@ -397,3 +535,13 @@ def test_real_textworld_rollouts_give_records_the_breakdown_classifies(
         breakdown = failures.failure_breakdown(records, cap=min(2, max_turns))
         assert len(breakdown.failures) == sum(not r.won for r in records) > 0
         assert {f.category for f in breakdown.failures} <= categories
+        # Every episode, won or lost, has its game's shape; a lost one left the walkthrough
+        # unless each command it played was the walkthrough's at its step.
+        walks = [failures.family_walkthrough(r.task) for r in records]
+        assert [s for _, s, _ in breakdown.shapes] == [
+            " ; ".join(c.split()[0] for c in w.commands) for w in walks
+        ]
+        lost_walks = [w for w, r in zip(walks, records) if not r.won]
+        for f, walk in zip(breakdown.failures, lost_walks):
+            on_it = f.record.commands == walk.commands[: len(f.record.commands)]
+            assert (f.divergence is None) == on_it

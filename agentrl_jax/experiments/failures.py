@@ -797,11 +797,11 @@ def write_failures(
     name: str,
     after_sft: Sequence[EvalResult] = (),
 ) -> tuple[str, str]:
-    """The breakdown of every level's lost episodes (each result with its ``episodes``, from
-    ``evaluate(..., keep_episodes=True)``), and the outcomes of all of them, won or lost, by
-    walkthrough shape, with the SFT start when ``after_sft`` holds results
-    of the same games (those of other games are left out): ``<out_dir>/<name>_failures.json``
-    and ``.md``; returns their paths."""
+    """The breakdown of every level's episodes (each result with its ``episodes``, from
+    ``evaluate(..., keep_episodes=True)``): the lost ones classified, all of them (won or lost)
+    by walkthrough shape, with the SFT start when ``after_sft`` holds results of the same games
+    (those of other games are left out): ``<out_dir>/<name>_failures.json`` and ``.md``;
+    returns their paths."""
     # Two levels of the same games share one result (evaluate_sets plays it once): count it once.
     unique = list({id(r): r for r in results.values()}.values())
     if any(r.overall.episodes and not r.episodes for r in unique):
