@@ -19,7 +19,8 @@ must list them) or ``free`` (default: the run's). Reports are named
 ``eval_<split>[_<decoding>]_<level>_<split>``; beside each, its first ``--transcripts`` episodes
 as text (``..._transcripts.md``: what the model read and wrote each turn; default: the run's
 ``env.num_transcripts``, 3). ``--failures``: also why the lost episodes were lost, every level's
-in one breakdown by category and task type (``eval/<name>_failures.{md,json}``, beside the
+in one breakdown by category and task type, with every episode's outcome by walkthrough shape
+and where the lost ones left the walkthrough (``eval/<name>_failures.{md,json}``, beside the
 reports; against the run's after-SFT evaluations of the same games where it has them:
 ``agentrl_jax/experiments/failures.py``, docs/evaluation.md). Library logs (orbax, JAX) go to
 ``WORKDIR/logs/eval.log``, not the console (``--alsologtostderr``: both).
@@ -65,7 +66,8 @@ _TRANSCRIPTS = flags.DEFINE_integer(
 _FAILURES = flags.DEFINE_bool(
     "failures",
     False,
-    "Also break the lost episodes down by why they were lost: eval/<name>_failures.{md,json}.",
+    "Also break the lost episodes down by why they were lost, and every episode by walkthrough "
+    "shape: eval/<name>_failures.{md,json}.",
 )
 
 
