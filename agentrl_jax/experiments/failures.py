@@ -77,6 +77,14 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl_jax.envs.base import Task, Walkthrough
+from agentrl_jax.experiments.sft_start import SftStart
+from agentrl_jax.experiments.walkthrough_shapes import (
+    Divergence,
+    _verb,
+    command_verb,
+    divergence,
+    walkthrough_shape,
+)
 from agentrl_jax.rollout.rollout import decode_text
 from agentrl_jax.rollout.trajectory import Trajectory
 from agentrl_jax.run.evaluation import EvalResult, task_type
@@ -200,59 +208,6 @@ def episode_records(
     """The records of the counted episodes (infrastructure failures left out, as every rate)."""
     counted = [t for t in trajs if not t.infra_failure]
     return [EpisodeRecord.of(t, tokenizer, max_turns=max_turns) for t in counted]
-
-
-def command_verb(command: str) -> str:
-    """A command's first word, lower case ("" for an empty command)."""
-    words = command.lower().split()
-    return words[0] if words else ""
-
-
-def walkthrough_shape(walkthrough: Walkthrough | None) -> str:
-    """The walkthrough's commands' first words joined by " ; " (``take ; eat``); "" without a
-    walkthrough or commands."""
-    if walkthrough is None:
-        return ""
-    return " ; ".join(command_verb(c) for c in walkthrough.commands)
-
-
-@dataclasses.dataclass(frozen=True)
-class Divergence:
-    """Where an episode first left its walkthrough.
-
-    Attributes:
-      step: the index of the first command that differs from the walkthrough's command at that
-        step, which is also the number of walkthrough commands played before it (0: the first).
-      expected: the first word of the walkthrough's command at that step.
-      played: the first word of the command played instead.
-    """
-
-    step: int
-    expected: str
-    played: str
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-def divergence(commands: Sequence[str], walkthrough: Walkthrough | None) -> Divergence | None:
-    """The first step where ``commands`` differ from the walkthrough's commands (compared lower
-    case, runs of spaces as one); None without a walkthrough, or where each command played is
-    the walkthrough's at its step (as far as both go).
-
-    The walkthrough is read as a plan from the start (TextWorld's: the expert's plan from the
-    initial state); the steps after the first divergence are not compared.
-    """
-    if walkthrough is None:
-        return None
-    for step, (played, expected) in enumerate(zip(commands, walkthrough.commands)):
-        if _normal(played) != _normal(expected):
-            return Divergence(step, command_verb(expected), command_verb(played))
-    return None
-
-
-def _normal(command: str) -> str:
-    return " ".join(command.lower().split())
 
 
 @dataclasses.dataclass(frozen=True)
@@ -701,36 +656,6 @@ def family_walkthrough(task: Task) -> Walkthrough | None:
     return hook(task) if hook else None
 
 
-@dataclasses.dataclass(frozen=True)
-class SftStart:
-    """The lost episodes against the same games after SFT.
-
-    Attributes:
-      per_category: per category (and ``all``): ``lost_after_sft`` (SFT's policy had lost the
-        game too), ``won_after_sft`` (RL lost a game SFT had won), ``not_evaluated`` (no
-        after-SFT outcome for the game).
-    """
-
-    per_category: dict[str, dict[str, int]]
-
-    def to_json(self) -> dict[str, Any]:
-        return {c: dict(v) for c, v in self.per_category.items()}
-
-    def markdown(self) -> str:
-        lines = [
-            "| category | lost after SFT too | won after SFT | not evaluated after SFT |",
-            "|---|---:|---:|---:|",
-        ]
-        for c, v in self.per_category.items():
-            if c == "all" or any(v.values()):
-                label = "**all**" if c == "all" else c
-                lines.append(
-                    f"| {label} | {v['lost_after_sft']} | {v['won_after_sft']} "
-                    f"| {v['not_evaluated']} |"
-                )
-        return "\n".join(lines)
-
-
 def sft_start(breakdown: Breakdown, after_sft: Sequence[EvalResult]) -> SftStart:
     """How many lost episodes SFT's policy had lost already, on the same games.
 
@@ -846,10 +771,6 @@ def _share(n: int, total: int) -> float:
 
 def _pct(x: float) -> str:
     return "n/a" if x != x else f"{100.0 * x:.1f}%"
-
-
-def _verb(word: str) -> str:
-    return word.replace("|", "/") or "(empty)"  # an empty command has no first word
 
 
 __all__ = [
